@@ -1,0 +1,93 @@
+"""kernelgate: custom Triton kernels for PyTorch, declared once, checked against a reference, never silent.
+
+>>> import torch, kernelgate
+>>> y = kernelgate.softmax(torch.randn(4, 8))
+>>> torch.allclose(y.sum(-1), torch.ones(4))
+True
+
+On a machine without a GPU (or without Triton) every op runs its plain-PyTorch reference and says
+why; ``KERNELGATE_INTERPRET=1`` runs the Triton kernels on the CPU through Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from kernelgate.contract import FLOAT_DTYPES, DimArg, ScalarArg, TensorArg
+from kernelgate.dispatch import FallbackRecord, Plan, Reason, fallbacks, reset_fallbacks, use_interpreter, use_mode
+from kernelgate.errors import (
+    DeclarationError,
+    DeviceError,
+    FallbackWarning,
+    InputError,
+    InputTypeError,
+    InputValueError,
+    KernelgateError,
+    KernelgateWarning,
+    LogWriteWarning,
+    SettingsError,
+    TritonUnavailableError,
+)
+from kernelgate.launch import (
+    LazyKernel,
+    as_rows,
+    block_size,
+    cdiv,
+    launch,
+    next_power_of_2,
+    num_warps_for,
+    unsupported,
+)
+from kernelgate.op import HALF_AND_FLOAT, Op, TritonImpl, get_op, registered_ops
+from kernelgate.ops import rms_norm, softmax
+from kernelgate.settings import Settings, configure, reload_settings, settings
+
+try:
+    __version__ = importlib.metadata.version("kernelgate")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree (PYTHONPATH=src)
+    __version__ = "0.1.0.dev0"
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "HALF_AND_FLOAT",
+    "DeclarationError",
+    "DeviceError",
+    "DimArg",
+    "FallbackRecord",
+    "FallbackWarning",
+    "InputError",
+    "InputTypeError",
+    "InputValueError",
+    "KernelgateError",
+    "KernelgateWarning",
+    "LazyKernel",
+    "LogWriteWarning",
+    "Op",
+    "Plan",
+    "Reason",
+    "ScalarArg",
+    "Settings",
+    "SettingsError",
+    "TensorArg",
+    "TritonImpl",
+    "TritonUnavailableError",
+    "__version__",
+    "as_rows",
+    "block_size",
+    "cdiv",
+    "configure",
+    "fallbacks",
+    "get_op",
+    "launch",
+    "next_power_of_2",
+    "num_warps_for",
+    "registered_ops",
+    "reload_settings",
+    "reset_fallbacks",
+    "rms_norm",
+    "settings",
+    "softmax",
+    "unsupported",
+    "use_interpreter",
+    "use_mode",
+]

@@ -1,0 +1,220 @@
+"""Input contracts: what each argument of an op must be, checked before anything launches.
+
+An op lists one spec per parameter of its reference, in order:
+
+>>> import torch
+>>> specs = (TensorArg("x", min_rank=1), TensorArg("weight", rank=1, sizes={0: ("x", -1)}),
+...          ScalarArg("eps", kind=float, min=0.0))
+
+Checks read only shapes, dtypes, devices and Python scalars, so they never synchronise the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+import torch
+
+from kernelgate.errors import DeclarationError, DeviceError, InputTypeError, InputValueError
+
+__all__ = ["FLOAT_DTYPES", "ArgSpec", "DimArg", "ScalarArg", "TensorArg", "check_inputs"]
+
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _join(words: Sequence[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorArg:
+    """A tensor parameter.
+
+    Attributes:
+        name: the parameter's name in the reference.
+        dtypes: dtypes the op accepts (the reference must handle all of them).
+        rank: exact number of dimensions, or ``None``.
+        min_rank: least number of dimensions.
+        sizes: ``{dim: (other_tensor, other_dim)}``: this tensor's size in ``dim`` must equal the
+            other tensor's size in ``other_dim`` (negative dims count from the end).
+        optional: whether ``None`` is accepted.
+    """
+
+    name: str
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
+    rank: int | None = None
+    min_rank: int = 0
+    sizes: Mapping[int, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    optional: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.dtypes or not all(isinstance(d, torch.dtype) for d in self.dtypes):
+            raise DeclarationError(f"TensorArg {self.name!r}: dtypes must be a non-empty tuple of torch.dtype.")
+        if self.rank is not None and self.rank < self.min_rank:
+            raise DeclarationError(f"TensorArg {self.name!r}: rank {self.rank} is below min_rank {self.min_rank}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalarArg:
+    """A Python scalar parameter (``float``, ``int`` or ``bool``) with an optional closed range.
+
+    Floats must also be finite. ``bool`` is never accepted where a number is expected.
+    """
+
+    name: str
+    kind: type = float
+    min: float | None = None
+    max: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in (float, int, bool):
+            raise DeclarationError(f"ScalarArg {self.name!r}: kind must be float, int or bool; got {self.kind!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class DimArg:
+    """An ``int`` naming a dimension of the tensor parameter ``of`` (negative values count from the end)."""
+
+    name: str
+    of: str
+
+
+ArgSpec = Union[TensorArg, ScalarArg, DimArg]
+
+
+def validate_specs(op_name: str, specs: Sequence[ArgSpec], param_names: Sequence[str]) -> None:
+    """Reject a contract that does not describe the reference's parameters one to one."""
+    names = [s.name for s in specs]
+    if names != list(param_names):
+        raise DeclarationError(
+            f"op {op_name!r}: the contract must list one spec per reference parameter, in order; "
+            f"reference parameters are {list(param_names)}, specs are {names}."
+        )
+    earlier_tensors: set[str] = set()
+    for spec in specs:
+        refs = [other for other, _ in spec.sizes.values()] if isinstance(spec, TensorArg) else []
+        refs += [spec.of] if isinstance(spec, DimArg) else []
+        for ref in refs:
+            if ref not in earlier_tensors:
+                raise DeclarationError(
+                    f"op {op_name!r}: spec {spec.name!r} refers to {ref!r}, which must be a tensor argument "
+                    f"listed before it."
+                )
+        if isinstance(spec, TensorArg):
+            earlier_tensors.add(spec.name)
+
+
+def _shape(t: torch.Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def _check_tensor(op: str, spec: TensorArg, value: Any, values: Mapping[str, Any]) -> torch.Tensor | None:
+    if value is None and spec.optional:
+        return None
+    if not isinstance(value, torch.Tensor):
+        allowed = "a torch.Tensor or None" if spec.optional else "a torch.Tensor"
+        raise InputTypeError(
+            f"{op}(): argument {spec.name!r} must be {allowed}; got {type(value).__name__}. "
+            f"Convert it first, e.g. torch.as_tensor({spec.name})."
+        )
+    if value.dtype not in spec.dtypes:
+        names = _join([_dtype_name(d) for d in spec.dtypes])
+        raise InputTypeError(
+            f"{op}(): argument {spec.name!r} must have dtype {names}; got {_dtype_name(value.dtype)}. "
+            f"Convert it first, e.g. {spec.name}.to(torch.{_dtype_name(spec.dtypes[0])})."
+        )
+    ndim = value.dim()
+    if spec.rank is not None and ndim != spec.rank:
+        raise InputValueError(
+            f"{op}(): argument {spec.name!r} must have {spec.rank} dimension(s); got {ndim} (shape {_shape(value)}). "
+            f"Reshape it to {spec.rank} dimension(s)."
+        )
+    if ndim < spec.min_rank:
+        raise InputValueError(
+            f"{op}(): argument {spec.name!r} must have at least {spec.min_rank} dimension(s); got {ndim} "
+            f"(shape {_shape(value)}). Add the missing dimension(s), e.g. {spec.name}.unsqueeze(0)."
+        )
+    for dim, (other_name, other_dim) in spec.sizes.items():
+        other = values[other_name]
+        if other is None:
+            continue
+        if not (-other.dim() <= other_dim < other.dim()):
+            raise InputValueError(
+                f"{op}(): argument {other_name!r} must have a dimension {other_dim} to match {spec.name!r}; "
+                f"got shape {_shape(other)}."
+            )
+        want, got = other.shape[other_dim], value.shape[dim]
+        if want != got:
+            raise InputValueError(
+                f"{op}(): argument {spec.name!r} must have size {want} in dimension {dim} "
+                f"(= {other_name}.shape[{other_dim}]); got {got} (shape {_shape(value)}, {other_name} shape "
+                f"{_shape(other)}). Make {spec.name}.shape[{dim}] equal {other_name}.shape[{other_dim}]."
+            )
+    return value
+
+
+def _check_scalar(op: str, spec: ScalarArg, value: Any) -> None:
+    kind = spec.kind.__name__
+    if spec.kind is bool:
+        ok = isinstance(value, bool)
+    elif spec.kind is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not ok:
+        raise InputTypeError(f"{op}(): argument {spec.name!r} must be a Python {kind}; got {type(value).__name__} {value!r}.")
+    if spec.kind is float and not math.isfinite(value):
+        raise InputValueError(f"{op}(): argument {spec.name!r} must be a finite float; got {value!r}.")
+    if (spec.min is not None and value < spec.min) or (spec.max is not None and value > spec.max):
+        low = "-inf" if spec.min is None else spec.min
+        high = "inf" if spec.max is None else spec.max
+        raise InputValueError(f"{op}(): argument {spec.name!r} must be in [{low}, {high}]; got {value!r}.")
+
+
+def _check_dim(op: str, spec: DimArg, value: Any, values: Mapping[str, Any]) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise InputTypeError(f"{op}(): argument {spec.name!r} must be a Python int; got {type(value).__name__} {value!r}.")
+    tensor = values[spec.of]
+    span = max(tensor.dim(), 1)  # a 0-dim tensor accepts dim 0 and -1, as in torch
+    if not (-span <= value < span):
+        raise InputValueError(
+            f"{op}(): argument {spec.name!r} must be in [{-span}, {span - 1}] for {spec.of!r} of shape "
+            f"{_shape(tensor)}; got {value}. Pick a dimension that {spec.of} has."
+        )
+
+
+def check_inputs(op: str, specs: Sequence[ArgSpec], args: Sequence[Any]) -> torch.device | None:
+    """Check ``args`` against ``specs``; return the tensors' common device (``None`` if no tensor).
+
+    Raises:
+        InputTypeError, InputValueError, DeviceError: with a message naming the argument, the
+            expectation, what was received and the remedy.
+    """
+    values = {spec.name: value for spec, value in zip(specs, args)}
+    device: torch.device | None = None
+    first = ""
+    for spec, value in zip(specs, args):
+        if isinstance(spec, TensorArg):
+            tensor = _check_tensor(op, spec, value, values)
+            if tensor is None:
+                continue
+            if device is None:
+                device, first = tensor.device, spec.name
+            elif tensor.device != device:
+                raise DeviceError(
+                    f"{op}(): all tensors must be on one device; {first!r} is on {device} but {spec.name!r} is on "
+                    f"{tensor.device}. Move them to one device, e.g. {spec.name}.to({first}.device)."
+                )
+        elif isinstance(spec, ScalarArg):
+            _check_scalar(op, spec, value)
+        else:
+            _check_dim(op, spec, value, values)
+    return device

@@ -1,0 +1,186 @@
+"""Which path a call takes, and the visible record of every fallback.
+
+Modes: ``auto`` runs the first Triton implementation that can run the inputs and the reference
+elsewhere; ``reference`` always runs the reference; ``triton`` runs a Triton implementation or
+raises :class:`~kernelgate.errors.TritonUnavailableError`. The mode comes from, most specific
+first: a :func:`use_mode` context naming the op, the op's own ``mode`` attribute, a :func:`use_mode`
+context for all ops, then ``KERNELGATE_MODE``.
+
+Every call that runs the reference in ``auto`` mode is counted per (op, reason), readable with
+:func:`fallbacks`, and warned about once per (op, reason).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import enum
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from kernelgate.errors import FallbackWarning
+from kernelgate.settings import Mode, parse_mode
+
+if TYPE_CHECKING:
+    from kernelgate.op import TritonImpl
+
+__all__ = ["FallbackRecord", "Plan", "Reason", "fallbacks", "reset_fallbacks", "use_interpreter", "use_mode"]
+
+
+class Reason(str, enum.Enum):
+    """Why a call took the path it took."""
+
+    FIRST_ELIGIBLE = "first-eligible"
+    MODE_TRITON = "mode-triton"
+    MODE_REFERENCE = "mode-reference"
+    NO_IMPLEMENTATION = "no-implementation"
+    TRITON_MISSING = "triton-missing"
+    NO_GPU_DRIVER = "no-gpu-driver"
+    CPU_TENSORS = "cpu-tensors"
+    NO_TENSORS = "no-tensors"
+    REQUIRES_GRAD = "requires-grad"
+    EMPTY_TENSOR = "empty-tensor"
+    DTYPE = "dtype-unsupported"
+    TOO_MANY_ELEMENTS = "too-many-elements"
+    GRID_TOO_LARGE = "grid-too-large"
+    SHAPE = "shape-unsupported"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The path a call takes: an implementation (``None`` for the reference), why, and details."""
+
+    implementation: TritonImpl | None
+    reason: Reason | str
+    detail: str = ""
+    interpret: bool = False
+
+    @property
+    def path(self) -> str:
+        """``"triton"``, ``"interpreter"`` or ``"reference"``."""
+        if self.implementation is None:
+            return "reference"
+        return "interpreter" if self.interpret else "triton"
+
+    @property
+    def name(self) -> str:
+        """The implementation's name, or ``"reference"``."""
+        return "reference" if self.implementation is None else self.implementation.name
+
+
+# --- modes -------------------------------------------------------------------------------------
+
+_mode_all: contextvars.ContextVar[Mode | None] = contextvars.ContextVar("kernelgate_mode", default=None)
+_mode_ops: contextvars.ContextVar[dict[str, Mode]] = contextvars.ContextVar("kernelgate_op_modes", default={})
+_interpret: contextvars.ContextVar[bool | None] = contextvars.ContextVar("kernelgate_interpret", default=None)
+
+
+@contextlib.contextmanager
+def use_mode(mode: str, *, op: str | None = None) -> Iterator[None]:
+    """Run the enclosed calls in ``mode``, for every op or only for the op named ``op``.
+
+    >>> import torch, kernelgate
+    >>> with kernelgate.use_mode("reference"):
+    ...     kernelgate.softmax(torch.zeros(2)).tolist()
+    [0.5, 0.5]
+    """
+    checked = parse_mode(mode, source="use_mode(mode)")
+    if op is None:
+        token = _mode_all.set(checked)
+        try:
+            yield
+        finally:
+            _mode_all.reset(token)
+    else:
+        ops_token = _mode_ops.set({**_mode_ops.get(), op: checked})
+        try:
+            yield
+        finally:
+            _mode_ops.reset(ops_token)
+
+
+@contextlib.contextmanager
+def use_interpreter(enabled: bool = True) -> Iterator[None]:
+    """Run the Triton implementations of the enclosed calls through Triton's interpreter.
+
+    Kernels then run on CPU tensors and a ``breakpoint()`` inside a kernel stops in pdb.
+    """
+    token = _interpret.set(enabled)
+    try:
+        yield
+    finally:
+        _interpret.reset(token)
+
+
+def effective_mode(op_name: str, op_mode: Mode | None, default: Mode) -> Mode:
+    """The mode a call of ``op_name`` runs in (see the module docstring for the precedence)."""
+    per_op = _mode_ops.get()
+    if per_op and op_name in per_op:
+        return per_op[op_name]
+    if op_mode is not None:
+        return op_mode
+    return _mode_all.get() or default
+
+
+def effective_interpret(default: bool) -> bool:
+    """Whether Triton implementations run through the interpreter for this call."""
+    value = _interpret.get()
+    return default if value is None else value
+
+
+# --- fallback record ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FallbackRecord:
+    """How often ``op`` ran the reference for ``reason``, with the latest detail."""
+
+    op: str
+    reason: str
+    count: int
+    detail: str
+
+
+_lock = threading.Lock()
+_counts: dict[tuple[str, str], int] = {}
+_details: dict[tuple[str, str], str] = {}
+
+
+def record_fallback(op_name: str, plan: Plan, warn: bool) -> None:
+    """Count a fallback and warn the first time this (op, reason) is seen."""
+    key = (op_name, str(plan.reason))
+    with _lock:
+        first = key not in _counts
+        _counts[key] = _counts.get(key, 0) + 1
+        _details[key] = plan.detail
+    if first and warn:
+        warnings.warn(
+            f"kernelgate: {op_name} ran the reference implementation ({plan.reason}): {plan.detail}. "
+            f"This warning is shown once per op and reason; kernelgate.fallbacks() counts them, "
+            f"KERNELGATE_WARN=0 silences it.",
+            FallbackWarning,
+            stacklevel=3,
+        )
+
+
+def fallbacks() -> list[FallbackRecord]:
+    """Every (op, reason) that took the reference path since the start (or the last reset).
+
+    >>> reset_fallbacks(); fallbacks()
+    []
+    """
+    with _lock:
+        return [FallbackRecord(op, reason, n, _details[(op, reason)]) for (op, reason), n in sorted(_counts.items())]
+
+
+def reset_fallbacks() -> None:
+    """Forget the fallback counts, so the next fallback of each (op, reason) warns again."""
+    with _lock:
+        _counts.clear()
+        _details.clear()

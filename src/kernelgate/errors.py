@@ -1,0 +1,82 @@
+"""Every error and warning kernelgate raises, in one hierarchy.
+
+Each error class also subclasses the builtin that fits it, so ``except ValueError`` in user code
+keeps working::
+
+    KernelgateError
+    ├── InputError                      a call received an argument its op's contract rejects
+    │   ├── InputTypeError  (TypeError)     wrong Python type or dtype
+    │   ├── InputValueError (ValueError)    wrong rank, size, dimension or scalar range
+    │   └── DeviceError     (ValueError)    tensors on different devices
+    ├── DeclarationError (TypeError)    an op, argument spec or implementation is declared wrongly
+    ├── SettingsError    (ValueError)   a KERNELGATE_* variable or configure() value is invalid
+    └── TritonUnavailableError (RuntimeError)
+                                        mode "triton" was requested but no Triton implementation
+                                        can run these inputs here
+
+    KernelgateWarning (UserWarning)
+    ├── FallbackWarning                 a call took the reference path instead of Triton
+    └── LogWriteWarning                 the launch log could not be written and was disabled
+
+Messages name the argument, what was expected, what was received and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DeclarationError",
+    "DeviceError",
+    "FallbackWarning",
+    "InputError",
+    "InputTypeError",
+    "InputValueError",
+    "KernelgateError",
+    "KernelgateWarning",
+    "LogWriteWarning",
+    "SettingsError",
+    "TritonUnavailableError",
+]
+
+
+class KernelgateError(Exception):
+    """Base class of every error kernelgate raises."""
+
+
+class InputError(KernelgateError):
+    """A call's argument violates its op's input contract."""
+
+
+class InputTypeError(InputError, TypeError):
+    """An argument has the wrong Python type or dtype."""
+
+
+class InputValueError(InputError, ValueError):
+    """An argument has the wrong rank, size, dimension or value."""
+
+
+class DeviceError(InputError, ValueError):
+    """The tensors of one call live on different devices."""
+
+
+class DeclarationError(KernelgateError, TypeError):
+    """An op, an argument spec or an implementation is declared wrongly."""
+
+
+class SettingsError(KernelgateError, ValueError):
+    """A setting (a KERNELGATE_* variable or a configure() value) is invalid."""
+
+
+class TritonUnavailableError(KernelgateError, RuntimeError):
+    """Mode "triton" was requested, but no Triton implementation can run these inputs here."""
+
+
+class KernelgateWarning(UserWarning):
+    """Base class of every warning kernelgate emits."""
+
+
+class FallbackWarning(KernelgateWarning):
+    """A call ran the reference implementation instead of a Triton one (emitted once per op and reason)."""
+
+
+class LogWriteWarning(KernelgateWarning):
+    """The launch log could not be written; logging is disabled for the rest of the process."""

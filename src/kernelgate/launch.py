@@ -1,0 +1,149 @@
+"""Launch helpers: what a launcher needs so that it reads like the math.
+
+A launcher allocates outputs, views its inputs as rows, picks block sizes and calls :func:`launch`,
+which runs the kernel compiled on the tensors' device or through Triton's interpreter, as the
+dispatcher decided:
+
+>>> cdiv(1000, 256), next_power_of_2(1000), block_size(5, lo=16, hi=4096)
+(4, 1024, 16)
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+import torch
+
+from kernelgate import backend
+
+__all__ = [
+    "LazyKernel",
+    "Unsupported",
+    "as_rows",
+    "block_size",
+    "cdiv",
+    "launch",
+    "next_power_of_2",
+    "num_warps_for",
+    "unsupported",
+]
+
+
+class Unsupported(Exception):
+    """Raised by a launcher, before it launches anything, when it cannot run these valid inputs.
+
+    The dispatcher turns it into a reference-path call with the given reason (or, in mode
+    ``triton``, into :class:`~kernelgate.errors.TritonUnavailableError`).
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def unsupported(reason: str, detail: str) -> Unsupported:
+    """Build the exception a launcher raises for inputs it cannot run: ``raise unsupported(...)``."""
+    return Unsupported(reason, detail)
+
+
+class LazyKernel:
+    """A ``@triton.jit`` kernel imported on first launch, so ``import kernelgate`` needs no Triton.
+
+    >>> k = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_kernel"); k.__name__
+    '_softmax_fwd_kernel'
+    """
+
+    __slots__ = ("__name__", "_kernel", "module")
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module = module
+        self.__name__ = name
+        self._kernel: Any = None
+
+    def resolve(self) -> Any:
+        """Import the kernel's module (once) and return the kernel."""
+        if self._kernel is None:
+            self._kernel = getattr(importlib.import_module(self.module), self.__name__)
+        return self._kernel
+
+    def __repr__(self) -> str:
+        return f"LazyKernel({self.module}.{self.__name__})"
+
+
+class _CallState(threading.local):
+    """Per-thread state of the call being dispatched: how to launch, and what to record."""
+
+    interpret: bool = False
+    launches: list[tuple[str, tuple[int, ...], dict[str, Any]]] | None = None
+    notes: list[str] | None = None
+
+
+call_state = _CallState()
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: the number of blocks of size ``b`` that cover ``a`` items."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two that is ``>= n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def block_size(n: int, *, lo: int = 16, hi: int = 65536) -> int:
+    """A power-of-two block that covers ``n`` items, clamped to ``[lo, hi]``."""
+    return max(lo, min(hi, next_power_of_2(n)))
+
+
+def num_warps_for(block: int, *, elements_per_thread: int = 8, lo: int = 1, hi: int = 16) -> int:
+    """Warps for a block of ``block`` elements, about ``elements_per_thread`` per thread, a power of two."""
+    want = max(1, block // (32 * elements_per_thread))
+    return max(lo, min(hi, next_power_of_2(want)))
+
+
+def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
+    """Launch ``kernel`` on ``grid`` with ``args`` and compile-time ``meta`` (block sizes, num_warps).
+
+    Runs compiled on the current device (the dispatcher makes it the tensors' device) or through
+    Triton's interpreter. A grid over the hardware limit raises :class:`Unsupported`, so the call
+    takes the reference path instead of failing inside the driver.
+    """
+    for axis, (size, limit) in enumerate(zip(grid, backend.MAX_GRID)):
+        if size > limit:
+            raise Unsupported("grid-too-large", f"grid axis {axis} needs {size} programs; the hardware allows {limit}")
+    if type(kernel) is LazyKernel:
+        kernel = kernel.resolve()
+    state = call_state
+    if state.launches is not None:
+        state.launches.append((getattr(kernel, "__name__", repr(kernel)), grid, meta))
+    if state.interpret:
+        backend.launch_interpreted(kernel, grid, args, meta)
+    else:
+        backend.launch_compiled(kernel, grid, args, meta)
+
+
+def as_rows(t: torch.Tensor, name: str) -> torch.Tensor:
+    """View ``t`` as a matrix ``(rows, t.shape[-1])`` whose rows are contiguous.
+
+    Any row stride is kept (kernels take ``stride_xm``); only a tensor whose last dimension is
+    strided, or whose leading dimensions cannot be merged, is copied, and the copy is recorded.
+    A 0-dim tensor becomes a ``(1, 1)`` matrix.
+    """
+    n = t.shape[-1] if t.dim() else 1
+    if t.dim() and t.stride(-1) != 1 and n > 1:
+        _note(f"copied {name}: last dimension has stride {t.stride(-1)}")
+        t = t.contiguous()
+    try:
+        return t.view(-1, n)
+    except RuntimeError:
+        _note(f"copied {name}: leading dimensions of strides {t.stride()[:-1]} cannot be merged")
+        return t.contiguous().view(-1, n)
+
+
+def _note(text: str) -> None:
+    if call_state.notes is not None:
+        call_state.notes.append(text)

@@ -1,0 +1,50 @@
+"""Triton kernels of rms_norm. One program per row; rows are contiguous, ``stride_*m`` apart."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps,
+                         HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y[m, :] = x[m, :] * rsqrt(mean(x[m, :]**2) + eps) * w for a row that fits one block.
+
+    x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT. Grid: (n_rows,).
+    BLOCK_N >= n_cols, a power of two. The row is read once and written once; arithmetic in float32.
+    """
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    y = x * rstd
+    if HAS_WEIGHT:
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_fwd_looped_kernel(x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps,
+                                HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """rms_norm of a row longer than one block: a sum-of-squares pass, then a normalising pass.
+
+    x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,). Grid: (n_rows,). Reads the row twice.
+    """
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride_xm
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    y_row = y_ptr + row * stride_ym
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        y = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)

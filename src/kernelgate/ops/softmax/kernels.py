@@ -1,0 +1,52 @@
+"""Triton kernels of softmax. One program per row; rows are contiguous, ``stride_*m`` apart."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _softmax_fwd_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
+    """y[m, :] = exp(x[m, :] - max) / sum(exp(x[m, :] - max)) for a row that fits one block.
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). BLOCK_N >= n_cols, a power of two.
+    The row is read once and written once; arithmetic in float32.
+    """
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    y = e / tl.sum(e, axis=0)
+    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
+    """Softmax of a row longer than one block: an online max-and-sum pass, then a normalising pass.
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads the row twice, writes it once.
+    Each lane keeps a running max ``m`` and a sum ``s`` of ``exp(x - m)``, rescaled when ``m`` grows.
+    """
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride_xm
+    m = tl.full([BLOCK_N], -float("inf"), tl.float32)
+    s = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        # A lane that has seen only -inf keeps s = 0 (exp(-inf - -inf) would be NaN).
+        seen = m_new > -float("inf")
+        s = tl.where(seen, s * tl.exp(m - m_new) + tl.exp(x - m_new), 0.0)
+        m = m_new
+    row_max = tl.max(m, axis=0)
+    total = tl.sum(tl.where(m > -float("inf"), s * tl.exp(m - row_max), 0.0), axis=0)
+    y_row = y_ptr + row * stride_ym
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        y = tl.exp(x - row_max) / total
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)

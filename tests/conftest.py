@@ -1,0 +1,49 @@
+"""Shared fixtures: a clean kernelgate state per test, and the targets kernels run on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import kernelgate
+from kernelgate import backend
+
+
+def gpu_available() -> bool:
+    """Whether compiled Triton kernels can run here (a GPU and an active Triton driver)."""
+    return torch.cuda.is_available() and backend.status().gpu
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs a GPU with an active Triton driver; none here (these run on the H200)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def clean_state() -> Iterator[None]:
+    """Each test starts from default settings (environment ignored) and no recorded fallbacks."""
+    kernelgate.reload_settings({})
+    kernelgate.reset_fallbacks()
+    yield
+    kernelgate.reload_settings({})
+    kernelgate.reset_fallbacks()
+
+
+@pytest.fixture(params=["interpreter", pytest.param("gpu", marks=pytest.mark.gpu)])
+def target(request: pytest.FixtureRequest) -> Iterator[torch.device]:
+    """The device Triton kernels run on: CPU tensors through the interpreter, or the GPU compiled.
+
+    The mode is "triton", so a test fails rather than silently testing the reference.
+    """
+    if request.param == "interpreter":
+        with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
+            yield torch.device("cpu")
+    else:
+        with kernelgate.use_mode("triton"):
+            yield torch.device("cuda")

@@ -151,9 +151,14 @@ def _interpreter_scope() -> Iterator[None]:
     with _interpret_lock:
         original_call = JITFunction.__call__
         original_patch = interpreter._patch_lang_tensor
-
         def call_interpreted(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return _interpreted_function(self.fn)(*args, **kwargs)
+            # Triton's own device-call path patches triton.language and never undoes it, which
+            # breaks later compiled launches in the same process; here each call undoes its patch.
+            scope = interpreter._patch_lang(self.fn)
+            try:
+                return _interpreted_function(self.fn).rewrite()(*args, **kwargs)
+            finally:
+                scope.restore()
 
         def patch_tensor(tensor: Any, scope: Any) -> None:
             original_patch(tensor, scope)
@@ -174,5 +179,8 @@ def launch_interpreted(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], 
     fn = getattr(kernel, "fn", kernel)
     # Launch options only matter to the compiler.
     meta = {k: v for k, v in meta.items() if k not in ("num_warps", "num_stages", "num_ctas", "maxnreg")}
-    with _interpreter_scope():
+    import numpy as np
+
+    # A GPU computes inf - inf = NaN silently; numpy would warn about it.
+    with _interpreter_scope(), np.errstate(all="ignore"):
         _interpreted_function(fn)[grid](*args, **meta)

@@ -10,8 +10,8 @@ with its square root:
 ``RTOL`` is two units in the last place of the dtype (one rounding in each of the two results
 compared); ``ATOL`` covers results near zero. An override must carry a written reason.
 
->>> tolerance(torch.float16).rtol
-0.001953125
+>>> round(tolerance(torch.float16).rtol, 6)
+0.001954
 """
 
 from __future__ import annotations

@@ -37,12 +37,13 @@ def _softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK
         cols = start + tl.arange(0, BLOCK_N)
         x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
         m_new = tl.maximum(m, x)
-        # A lane that has seen only -inf keeps s = 0 (exp(-inf - -inf) would be NaN).
-        seen = m_new > -float("inf")
-        s = tl.where(seen, s * tl.exp(m - m_new) + tl.exp(x - m_new), 0.0)
+        # exp(-inf - -inf) would be NaN: -inf terms contribute 0 explicitly. A NaN input fails the
+        # == test and propagates into s, as it does in torch, whether or not max() ignored it.
+        alpha = tl.where(m == -float("inf"), 0.0, tl.exp(m - m_new))
+        s = s * alpha + tl.where(x == -float("inf"), 0.0, tl.exp(x - m_new))
         m = m_new
     row_max = tl.max(m, axis=0)
-    total = tl.sum(tl.where(m > -float("inf"), s * tl.exp(m - row_max), 0.0), axis=0)
+    total = tl.sum(s * tl.where(m == -float("inf"), 0.0, tl.exp(m - row_max)), axis=0)
     y_row = y_ptr + row * stride_ym
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)

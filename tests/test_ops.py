@@ -77,8 +77,9 @@ def test_non_contiguous_inputs(target: torch.device, make_view: object) -> None:
     before = base.clone()
     w = _randn(x.shape[-1:], torch.float16, target, seed=2)
     assert_close(kernelgate.softmax(x), torch.softmax(x, -1), reduction_length=x.shape[-1])
-    assert_close(kernelgate.rms_norm(x, w), torch.nn.functional.rms_norm(x, x.shape[-1:], w, 1e-6),
-                 reduction_length=x.shape[-1])
+    assert_close(
+        kernelgate.rms_norm(x, w), torch.nn.functional.rms_norm(x, x.shape[-1:], w, 1e-6), reduction_length=x.shape[-1]
+    )
     assert torch.equal(base, before)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
+from kernelgate import tolerance
 from kernelgate.contract import FLOAT_DTYPES, DimArg, ScalarArg, TensorArg
 from kernelgate.dispatch import FallbackRecord, Plan, Reason, fallbacks, reset_fallbacks, use_interpreter, use_mode
 from kernelgate.errors import (
@@ -30,6 +31,7 @@ from kernelgate.errors import (
 )
 from kernelgate.launch import (
     LazyKernel,
+    as_contiguous,
     as_rows,
     block_size,
     cdiv,
@@ -72,6 +74,7 @@ __all__ = [
     "TritonImpl",
     "TritonUnavailableError",
     "__version__",
+    "as_contiguous",
     "as_rows",
     "block_size",
     "cdiv",
@@ -87,6 +90,7 @@ __all__ = [
     "rms_norm",
     "settings",
     "softmax",
+    "tolerance",
     "unsupported",
     "use_interpreter",
     "use_mode",

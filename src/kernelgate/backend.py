@@ -151,6 +151,7 @@ def _interpreter_scope() -> Iterator[None]:
     with _interpret_lock:
         original_call = JITFunction.__call__
         original_patch = interpreter._patch_lang_tensor
+
         def call_interpreted(self: Any, *args: Any, **kwargs: Any) -> Any:
             # Triton's own device-call path patches triton.language and never undoes it, which
             # breaks later compiled launches in the same process; here each call undoes its patch.

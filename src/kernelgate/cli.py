@@ -10,8 +10,11 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -88,8 +91,6 @@ def doctor(console: Console) -> int:
 
 def _nvidia_driver() -> str:
     try:
-        import subprocess
-
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
             capture_output=True,
@@ -98,75 +99,95 @@ def _nvidia_driver() -> str:
             check=True,
         )
         return out.stdout.strip().splitlines()[0]
-    except Exception:
+    except (OSError, subprocess.SubprocessError, IndexError):
         return "unknown (nvidia-smi unavailable)"
 
 
-def _time_ms(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     """Median wall time of ``fn`` in milliseconds, the device synchronised around each run."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     fn()
-    sync()
+    _synchronize(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        sync()
+        _synchronize(device)
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
 
-def _demo_cases(device: torch.device, interpret: bool) -> list[tuple[Op, str, Callable[[], tuple[Any, ...]], Any]]:
-    small = device.type == "cpu"
-    shapes = [(4, 100), (2, 20000)] if interpret else ([(64, 1000), (256, 4096)] if small else
-                                                         [(64, 4096), (16384, 4096), (4096, 32768)])
-    dtype = torch.float32 if small else torch.bfloat16
-    cases: list[tuple[Op, str, Callable[[], tuple[Any, ...]], Any]] = []
+def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DemoCase:
+    op: Op
+    shape: str
+    args: tuple[Any, ...]
+    plain_torch: Callable[..., torch.Tensor]
+
+
+def _demo_cases(device: torch.device, interpret: bool) -> list[_DemoCase]:
+    if interpret:
+        shapes = [(4, 100), (2, 20000)]
+    elif device.type == "cpu":
+        shapes = [(64, 1000), (256, 4096)]
+    else:
+        shapes = [(64, 4096), (16384, 4096), (4096, 32768)]
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    cases = []
     for rows, cols in shapes:
-        gen = torch.Generator(device="cpu").manual_seed(rows * cols)
-
-        def x(rows: int = rows, cols: int = cols, gen: torch.Generator = gen) -> torch.Tensor:
-            return torch.randn(rows, cols, generator=gen).to(device=device, dtype=dtype)
-
-        def w(cols: int = cols) -> torch.Tensor:
-            return torch.linspace(0.5, 1.5, cols).to(device=device, dtype=dtype)
-
+        gen = torch.Generator().manual_seed(rows * cols)
+        x = torch.randn(rows, cols, generator=gen).to(device=device, dtype=dtype)
+        w = torch.linspace(0.5, 1.5, cols).to(device=device, dtype=dtype)
         shape = f"{rows}x{cols} {str(dtype).removeprefix('torch.')}"
-        cases.append((kernelgate.softmax, shape, lambda x=x: (x(), -1), lambda a: torch.softmax(*a)))
-        cases.append((
-            kernelgate.rms_norm,
-            shape,
-            lambda x=x, w=w: (x(), w(), 1e-6),
-            lambda a: torch.nn.functional.rms_norm(a[0], (a[0].shape[-1],), a[1], a[2]),
-        ))
+        cases.append(_DemoCase(kernelgate.softmax, shape, (x, -1), torch.softmax))
+        cases.append(_DemoCase(kernelgate.rms_norm, shape, (x, w, 1e-6), _torch_rms_norm))
     return cases
 
 
-def demo(console: Console, log: Path, interpret: bool, repeats: int) -> int:
-    """Run the built-in ops on the best device, check each against its reference, time it, log it."""
-    device = torch.device("cpu") if interpret else best_device()
-    kernelgate.configure(log_path=log, interpret=interpret or kernelgate.settings().interpret, warn_fallback=False)
+def demo(console: Console, log: Path, repeats: int) -> int:
+    """Run the built-in ops on the best device, check each against its reference, time it, log it.
+
+    On a machine without a GPU the ops run their references; the Triton kernels then also run at
+    small shapes through the interpreter, checked for correctness (interpreter times are not speed).
+    """
+    device = best_device()
+    kernelgate.configure(log_path=log, warn_fallback=False)
     table = Table(title=f"kernelgate demo on {device} ({backend.device_name(device)})")
     for column in ("op", "shape", "path", "implementation", "reason", "kernelgate ms", "torch ms", "matches"):
         table.add_column(column, justify="right" if column.endswith("ms") else "left")
+    runs = [(device, False)]
+    if device.type == "cpu" and backend.status().interpreter:
+        runs.append((device, True))
     failures = 0
-    for op, shape, make_args, torch_fn in _demo_cases(device, interpret):
-        args = make_args()
-        plan = op.plan(*args)
-        result = op(*args)
-        try:
-            n = args[0].shape[-1]
-            assert_close(result, op.reference(*args), reduction_length=n)
-            matches = "[green]yes[/green]"
-        except AssertionError:
-            failures += 1
-            matches = "[red]NO[/red]"
-        kernelgate.configure(log_path=None)  # the log synchronises per call; time without it
-        ours = _time_ms(lambda op=op, args=args: op(*args), device, repeats)
-        theirs = _time_ms(lambda f=torch_fn, args=args: f(args), device, repeats)
-        kernelgate.configure(log_path=log)
-        table.add_row(op.name, shape, plan.path, plan.name, str(plan.reason), f"{ours:.3f}", f"{theirs:.3f}", matches)
+    for run_device, interpret in runs:
+        with kernelgate.use_interpreter(interpret):
+            for case in _demo_cases(run_device, interpret):
+                op, args = case.op, case.args
+                plan = op.plan(*args)
+                try:
+                    assert_close(op(*args), op.reference(*args), reduction_length=args[0].shape[-1])
+                    matches = "[green]yes[/green]"
+                except AssertionError:
+                    failures += 1
+                    matches = "[red]NO[/red]"
+                kernelgate.configure(log_path=None)  # the log synchronises per call; time without it
+                ours = _time_ms(functools.partial(op, *args), run_device, repeats)
+                theirs = _time_ms(functools.partial(case.plain_torch, *args), run_device, repeats)
+                kernelgate.configure(log_path=log)
+                table.add_row(
+                    op.name, case.shape, plan.path, plan.name, str(plan.reason), f"{ours:.3f}", f"{theirs:.3f}", matches
+                )
     console.print(table)
+    if len(runs) > 1:
+        console.print("No GPU here: the ops ran their references; the interpreter rows check the Triton kernels.")
     console.print(f"launch log: {log} (one row per call)")
     if failures:
         console.print(f"[red]{failures} result(s) did not match the reference[/red]")
@@ -174,12 +195,13 @@ def demo(console: Console, log: Path, interpret: bool, repeats: int) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kernelgate", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="kernelgate", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("doctor", help="versions, Triton target, and the path each op takes here")
     run = commands.add_parser("demo", help="run the built-in ops, check them against their references, time them")
     run.add_argument("--log", type=Path, default=Path("kernelgate-demo.csv"), help="CSV launch log to append to")
-    run.add_argument("--interpret", action="store_true", help="run the Triton kernels through the interpreter (CPU)")
     run.add_argument("--repeats", type=int, default=5, help="timed runs per case (median reported)")
     return parser
 
@@ -196,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeats < 1:
         console.print(f"[red]--repeats must be >= 1; got {args.repeats}[/red]")
         return EXIT_USAGE
-    return demo(console, args.log, args.interpret, args.repeats)
+    return demo(console, args.log, args.repeats)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ class DimArg:
     of: str
 
 
-ArgSpec = Union[TensorArg, ScalarArg, DimArg]
+ArgSpec = Union[TensorArg, ScalarArg, DimArg]  # noqa: UP007 (a runtime alias; X | Y needs 3.10 types)
 
 
 def validate_specs(op_name: str, specs: Sequence[ArgSpec], param_names: Sequence[str]) -> None:
@@ -170,7 +170,8 @@ def _check_scalar(op: str, spec: ScalarArg, value: Any) -> None:
     else:
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not ok:
-        raise InputTypeError(f"{op}(): argument {spec.name!r} must be a Python {kind}; got {type(value).__name__} {value!r}.")
+        got = f"{type(value).__name__} {value!r}"
+        raise InputTypeError(f"{op}(): argument {spec.name!r} must be a Python {kind}; got {got}.")
     if spec.kind is float and not math.isfinite(value):
         raise InputValueError(f"{op}(): argument {spec.name!r} must be a finite float; got {value!r}.")
     if (spec.min is not None and value < spec.min) or (spec.max is not None and value > spec.max):
@@ -181,7 +182,8 @@ def _check_scalar(op: str, spec: ScalarArg, value: Any) -> None:
 
 def _check_dim(op: str, spec: DimArg, value: Any, values: Mapping[str, Any]) -> None:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise InputTypeError(f"{op}(): argument {spec.name!r} must be a Python int; got {type(value).__name__} {value!r}.")
+        got = f"{type(value).__name__} {value!r}"
+        raise InputTypeError(f"{op}(): argument {spec.name!r} must be a Python int; got {got}.")
     tensor = values[spec.of]
     span = max(tensor.dim(), 1)  # a 0-dim tensor accepts dim 0 and -1, as in torch
     if not (-span <= value < span):
@@ -198,10 +200,10 @@ def check_inputs(op: str, specs: Sequence[ArgSpec], args: Sequence[Any]) -> torc
         InputTypeError, InputValueError, DeviceError: with a message naming the argument, the
             expectation, what was received and the remedy.
     """
-    values = {spec.name: value for spec, value in zip(specs, args)}
+    values = {spec.name: value for spec, value in zip(specs, args, strict=True)}
     device: torch.device | None = None
     first = ""
-    for spec, value in zip(specs, args):
+    for spec, value in zip(specs, args, strict=True):
         if isinstance(spec, TensorArg):
             tensor = _check_tensor(op, spec, value, values)
             if tensor is None:

@@ -61,6 +61,10 @@ class Plan:
     detail: str = ""
     interpret: bool = False
 
+    def __repr__(self) -> str:
+        detail = f", detail={self.detail!r}" if self.detail else ""
+        return f"Plan(path={self.path!r}, implementation={self.name!r}, reason={str(self.reason)!r}{detail})"
+
     @property
     def path(self) -> str:
         """``"triton"``, ``"interpreter"`` or ``"reference"``."""
@@ -77,7 +81,8 @@ class Plan:
 # --- modes -------------------------------------------------------------------------------------
 
 _mode_all: contextvars.ContextVar[Mode | None] = contextvars.ContextVar("kernelgate_mode", default=None)
-_mode_ops: contextvars.ContextVar[dict[str, Mode]] = contextvars.ContextVar("kernelgate_op_modes", default={})
+# Never mutated: use_mode() sets a new dict.
+_mode_ops: contextvars.ContextVar[dict[str, Mode]] = contextvars.ContextVar("kernelgate_op_modes", default={})  # noqa: B039
 _interpret: contextvars.ContextVar[bool | None] = contextvars.ContextVar("kernelgate_interpret", default=None)
 
 

@@ -21,6 +21,7 @@ from kernelgate import backend
 __all__ = [
     "LazyKernel",
     "Unsupported",
+    "as_contiguous",
     "as_rows",
     "block_size",
     "cdiv",
@@ -112,7 +113,7 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
     Triton's interpreter. A grid over the hardware limit raises :class:`Unsupported`, so the call
     takes the reference path instead of failing inside the driver.
     """
-    for axis, (size, limit) in enumerate(zip(grid, backend.MAX_GRID)):
+    for axis, (size, limit) in enumerate(zip(grid, backend.MAX_GRID[: len(grid)], strict=True)):
         if size > limit:
             raise Unsupported("grid-too-large", f"grid axis {axis} needs {size} programs; the hardware allows {limit}")
     if type(kernel) is LazyKernel:
@@ -142,6 +143,17 @@ def as_rows(t: torch.Tensor, name: str) -> torch.Tensor:
     except RuntimeError:
         _note(f"copied {name}: leading dimensions of strides {t.stride()[:-1]} cannot be merged")
         return t.contiguous().view(-1, n)
+
+
+def as_contiguous(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` itself when contiguous, else a contiguous copy (recorded in the launch log).
+
+    For kernels that index a tensor as one flat array.
+    """
+    if t.is_contiguous():
+        return t
+    _note(f"copied {name}: not contiguous (strides {t.stride()})")
+    return t.contiguous()
 
 
 def _note(text: str) -> None:

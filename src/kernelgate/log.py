@@ -7,6 +7,7 @@ finds the file empty. An I/O error warns once and turns the log off; it never re
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
@@ -71,10 +72,8 @@ class _Log:
 
     def _close(self) -> None:
         if self.fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self.fd)
-            except OSError:
-                pass
         self.fd, self.path = None, None
 
     def write(self, path: Path, row: LogRow) -> None:

@@ -75,7 +75,7 @@ class TritonImpl:
 
 def _index_extent(t: torch.Tensor) -> int:
     """How many elements a kernel's offsets span to address every element of ``t``."""
-    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
 
 
 _registry: dict[str, Op] = {}
@@ -189,7 +189,9 @@ class Op:
             elif name in self._defaults:
                 values.append(self._defaults[name])
             else:
-                raise InputTypeError(f"{self.name}() is missing argument {name!r}; its parameters are {', '.join(names)}.")
+                raise InputTypeError(
+                    f"{self.name}() is missing argument {name!r}; its parameters are {', '.join(names)}."
+                )
         if kwargs:
             unknown = next(iter(kwargs))
             reason = "given twice" if unknown in names else "unknown"
@@ -215,7 +217,8 @@ class Op:
             return Plan(None, Reason.NO_TENSORS, "the call has no tensor argument")
         status = backend.status()
         if status.triton_version is None:
-            return Plan(None, Reason.TRITON_MISSING, f"triton cannot be imported ({status.triton_error}); pip install triton")
+            detail = f"triton cannot be imported ({status.triton_error}); pip install triton"
+            return Plan(None, Reason.TRITON_MISSING, detail)
         if interpret:
             if not status.interpreter:
                 return Plan(None, Reason.TRITON_MISSING, "this Triton has no interpreter")
@@ -237,7 +240,8 @@ class Op:
             return Plan(None, Reason.NO_GPU_DRIVER, f"no Triton GPU driver is active ({status.driver_error})")
         tensors = [values[i] for i in self._tensor_positions if values[i] is not None]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return Plan(None, Reason.REQUIRES_GRAD, "an input requires grad and the Triton implementations have no backward")
+            detail = "an input requires grad and the Triton implementations have no backward"
+            return Plan(None, Reason.REQUIRES_GRAD, detail)
         for t in tensors:
             if t.numel() == 0:
                 return Plan(None, Reason.EMPTY_TENSOR, f"an input is empty (shape {tuple(t.shape)})")
@@ -254,7 +258,8 @@ class Op:
     def _refusal(self, impl: TritonImpl, values: tuple[Any, ...], tensors: list[torch.Tensor]) -> Plan | None:
         for t in tensors:
             if t.dtype not in impl.dtypes:
-                return Plan(None, Reason.DTYPE, f"{impl.name} handles {', '.join(map(str, impl.dtypes))}, not {t.dtype}")
+                handled = ", ".join(map(str, impl.dtypes))
+                return Plan(None, Reason.DTYPE, f"{impl.name} handles {handled}, not {t.dtype}")
             if t.numel() > impl.max_numel or _index_extent(t) > impl.max_numel:
                 return Plan(
                     None,

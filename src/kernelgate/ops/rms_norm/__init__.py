@@ -29,8 +29,20 @@ def _run_rows(x: torch.Tensor, weight: torch.Tensor | None, eps: float, kernel: 
     rows = as_rows(x, "x")
     w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
     y = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    launch(kernel, (rows.shape[0],), rows, rows if w is None else w, y, rows.stride(0), y.stride(0), rows.shape[1],
-           eps, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=num_warps_for(block))
+    launch(
+        kernel,
+        (rows.shape[0],),
+        rows,
+        rows if w is None else w,
+        y,
+        rows.stride(0),
+        y.stride(0),
+        rows.shape[1],
+        eps,
+        HAS_WEIGHT=w is not None,
+        BLOCK_N=block,
+        num_warps=num_warps_for(block),
+    )
     return y.view(x.shape)
 
 

@@ -7,8 +7,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps,
-                         HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rms_norm_fwd_kernel(
+    x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr
+):
     """y[m, :] = x[m, :] * rsqrt(mean(x[m, :]**2) + eps) * w for a row that fits one block.
 
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT. Grid: (n_rows,).
@@ -26,8 +27,9 @@ def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps,
 
 
 @triton.jit
-def _rms_norm_fwd_looped_kernel(x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps,
-                                HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rms_norm_fwd_looped_kernel(
+    x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr
+):
     """rms_norm of a row longer than one block: a sum-of-squares pass, then a normalising pass.
 
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,). Grid: (n_rows,). Reads the row twice.

@@ -29,8 +29,17 @@ def _run_rows(x: torch.Tensor, dim: int, kernel: object, block: int) -> torch.Te
     moved = x.movedim(dim, -1) if x.dim() else x
     rows = as_rows(moved, "x")
     y = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    launch(kernel, (rows.shape[0],), rows, y, rows.stride(0), y.stride(0), rows.shape[1],
-           BLOCK_N=block, num_warps=num_warps_for(block))
+    launch(
+        kernel,
+        (rows.shape[0],),
+        rows,
+        y,
+        rows.stride(0),
+        y.stride(0),
+        rows.shape[1],
+        BLOCK_N=block,
+        num_warps=num_warps_for(block),
+    )
     y = y.view(moved.shape)
     return y.movedim(-1, dim) if x.dim() else y
 

@@ -136,7 +136,8 @@ def test_scalar_type(eps: Any, received: str) -> None:
     """A non-float eps (a string, a bool, None) is an InputTypeError naming the kind wanted and the value received."""
     with pytest.raises(
         InputTypeError,
-        match=rf"^rms_norm\(\): argument 'eps' must be a Python float; got {re.escape(received)}\.$",
+        match=rf"^rms_norm\(\): argument 'eps' must be a Python float; got {re.escape(received)}\. "
+        r"Pass a float, e\.g\. eps=1e-6\.$",
     ) as info:
         kernelgate.rms_norm(torch.ones(2, 4), None, eps)
     assert isinstance(info.value, TypeError)
@@ -151,7 +152,8 @@ def test_scalar_int_accepted_for_float() -> None:
 def test_scalar_range() -> None:
     """A negative eps is an InputValueError giving the allowed closed range and the value received."""
     with pytest.raises(
-        InputValueError, match=r"^rms_norm\(\): argument 'eps' must be in \[0\.0, inf\]; got -1\.0\.$"
+        InputValueError,
+        match=r"^rms_norm\(\): argument 'eps' must be in \[0\.0, inf\]; got -1\.0\. Pass a value in that range\.$",
     ) as info:
         kernelgate.rms_norm(torch.ones(2, 4), None, -1.0)
     assert isinstance(info.value, ValueError)
@@ -161,7 +163,8 @@ def test_scalar_range() -> None:
 def test_scalar_non_finite(eps: float) -> None:
     """A NaN or infinite eps is an InputValueError asking for a finite float."""
     with pytest.raises(
-        InputValueError, match=rf"^rms_norm\(\): argument 'eps' must be a finite float; got {eps!r}\.$"
+        InputValueError,
+        match=rf"^rms_norm\(\): argument 'eps' must be a finite float; got {eps!r}\. Pass a finite number\.$",
     ) as info:
         kernelgate.rms_norm(torch.ones(2, 4), None, eps)
     assert isinstance(info.value, ValueError)
@@ -175,7 +178,9 @@ def test_scalar_max_bound() -> None:
         args=(TensorArg("x"), ScalarArg("p", kind=float, min=0.0, max=1.0)),
         register=False,
     )
-    with pytest.raises(InputValueError, match=r"argument 'p' must be in \[0\.0, 1\.0\]; got 1\.5\.$"):
+    with pytest.raises(
+        InputValueError, match=r"argument 'p' must be in \[0\.0, 1\.0\]; got 1\.5\. Pass a value in that range\.$"
+    ):
         clamp(torch.ones(2), 1.5)
 
 
@@ -204,7 +209,9 @@ def test_dim_of_zero_dim_tensor() -> None:
 def test_dim_not_an_int(dim: Any, received: str) -> None:
     """A softmax dim that is a float, bool or string is an InputTypeError asking for a Python int."""
     with pytest.raises(
-        InputTypeError, match=rf"^softmax\(\): argument 'dim' must be a Python int; got {re.escape(received)}\.$"
+        InputTypeError,
+        match=rf"^softmax\(\): argument 'dim' must be a Python int; got {re.escape(received)}\. "
+        r"Pass an int, e\.g\. dim=-1\.$",
     ) as info:
         kernelgate.softmax(torch.ones(2, 3), dim)
     assert isinstance(info.value, TypeError)
@@ -216,7 +223,9 @@ def test_dim_not_an_int(dim: Any, received: str) -> None:
 def test_missing_argument() -> None:
     """rms_norm without its weight is an InputTypeError naming the missing argument and listing the parameters."""
     with pytest.raises(
-        InputTypeError, match=r"^rms_norm\(\) is missing argument 'weight'; its parameters are x, weight, eps\.$"
+        InputTypeError,
+        match=r"^rms_norm\(\) is missing argument 'weight'; its parameters are x, weight, eps\. "
+        r"Call it as rms_norm\(x, weight, eps=1e-06\)\.$",
     ) as info:
         kernelgate.rms_norm(torch.ones(2, 4))
     assert isinstance(info.value, TypeError)
@@ -225,7 +234,9 @@ def test_missing_argument() -> None:
 def test_unknown_keyword() -> None:
     """An unknown keyword is an InputTypeError naming it as unknown and listing the parameters."""
     with pytest.raises(
-        InputTypeError, match=r"^softmax\(\) got argument 'axis' \(unknown\); its parameters are x, dim\.$"
+        InputTypeError,
+        match=r"^softmax\(\) got argument 'axis' \(unknown\); its parameters are x, dim\. "
+        r"Call it as softmax\(x, dim=-1\)\.$",
     ) as info:
         kernelgate.softmax(torch.ones(2, 3), axis=0)
     assert isinstance(info.value, TypeError)
@@ -235,7 +246,9 @@ def test_argument_given_twice() -> None:
     """An argument passed both positionally and by keyword is an InputTypeError saying it was given twice."""
     x = torch.ones(2, 3)
     with pytest.raises(
-        InputTypeError, match=r"^softmax\(\) got argument 'x' \(given twice\); its parameters are x, dim\.$"
+        InputTypeError,
+        match=r"^softmax\(\) got argument 'x' \(given twice\); its parameters are x, dim\. "
+        r"Call it as softmax\(x, dim=-1\)\.$",
     ):
         kernelgate.softmax(x, x=x)
 
@@ -243,7 +256,8 @@ def test_argument_given_twice() -> None:
 def test_too_many_positional() -> None:
     """Three positional arguments to the two-parameter softmax are an InputTypeError counting both."""
     with pytest.raises(
-        InputTypeError, match=r"^softmax\(\) takes 2 argument\(s\) \(x, dim\); got 3 positional\.$"
+        InputTypeError,
+        match=r"^softmax\(\) takes 2 argument\(s\) \(x, dim\); got 3 positional\. Call it as softmax\(x, dim=-1\)\.$",
     ) as info:
         kernelgate.softmax(torch.ones(2, 3), -1, 0)
     assert isinstance(info.value, TypeError)
@@ -440,3 +454,40 @@ def test_register_false_keeps_registry_unchanged(registry: None) -> None:
     assert [op.name for op in kernelgate.registered_ops()] == before
     with pytest.raises(KeyError, match=r"no op named 'kgtest_unlisted' is registered; registered ops: .*softmax"):
         kernelgate.get_op("kgtest_unlisted")
+
+
+def test_huge_int_scalar_is_an_input_error() -> None:
+    """An int too large for a float is rejected as not finite, not with a raw OverflowError."""
+    with pytest.raises(InputValueError, match=r"argument 'eps' must be a finite float"):
+        kernelgate.rms_norm(torch.ones(2, 3), None, 10**400)
+
+
+def test_sizes_dimension_missing_from_the_tensor() -> None:
+    """A size rule on a dimension the tensor lacks is an InputValueError naming the argument."""
+    op = kernelgate.Op(
+        "kgtest_sizes_rank",
+        reference=lambda x, w: x,
+        args=(TensorArg("x"), TensorArg("w", sizes={1: ("x", -1)})),
+        register=False,
+    )
+    with pytest.raises(InputValueError, match=r"argument 'w' must have a dimension 1 to match x\.shape\[-1\]"):
+        op(torch.ones(3), torch.ones(3))
+
+
+def test_dim_of_an_optional_tensor_is_a_declaration_error() -> None:
+    """A DimArg may not refer to an optional tensor (it would have nothing to index when None)."""
+    with pytest.raises(DeclarationError, match=r"DimArg 'd' cannot refer to the optional tensor 'x'"):
+        kernelgate.Op(
+            "kgtest_dim_optional",
+            reference=lambda x, d: x,
+            args=(TensorArg("x", optional=True), DimArg("d", of="x")),
+            register=False,
+        )
+
+
+def test_non_spec_contract_entries_are_declaration_errors() -> None:
+    """Contract entries that are not specs, and references without a signature, raise DeclarationError."""
+    with pytest.raises(DeclarationError, match=r"must be a TensorArg, ScalarArg or DimArg; got 'x'"):
+        kernelgate.Op("kgtest_bad_spec", reference=lambda x: x, args=("x",), register=False)  # type: ignore[arg-type]
+    with pytest.raises(DeclarationError, match=r"cannot read the reference's parameters"):
+        kernelgate.Op("kgtest_no_sig", reference=max, args=(), register=False)

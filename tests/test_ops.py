@@ -154,3 +154,16 @@ def test_interpreting_leaves_triton_language_unpatched() -> None:
         kernelgate.rms_norm(torch.randn(2, 30), None)
     assert {name: getattr(tl, name) for name in watched} == watched
     assert tl.tensor.__dict__.get("__index__") is index and tl.tensor.__dict__.get("__bool__") is bool_
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(16384, 4096), (4096, 32768), (65536, 1024), (3, 131071)])
+def test_large_shapes_compiled(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    """At benchmark-sized shapes the compiled kernels match the references for every dtype."""
+    x = _randn(shape, dtype, torch.device("cuda"))
+    w = _randn(shape[-1:], dtype, torch.device("cuda"), seed=5)
+    with kernelgate.use_mode("triton"):
+        assert_close(kernelgate.softmax(x), torch.softmax(x, -1), reduction_length=shape[-1])
+        expected = torch.nn.functional.rms_norm(x, shape[-1:], w, 1e-6)
+        assert_close(kernelgate.rms_norm(x, w), expected, reduction_length=shape[-1])

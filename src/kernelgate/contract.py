@@ -92,6 +92,11 @@ ArgSpec = Union[TensorArg, ScalarArg, DimArg]  # noqa: UP007 (a runtime alias; X
 
 def validate_specs(op_name: str, specs: Sequence[ArgSpec], param_names: Sequence[str]) -> None:
     """Reject a contract that does not describe the reference's parameters one to one."""
+    for spec in specs:
+        if not isinstance(spec, (TensorArg, ScalarArg, DimArg)):
+            raise DeclarationError(
+                f"op {op_name!r}: each contract entry must be a TensorArg, ScalarArg or DimArg; got {spec!r}."
+            )
     names = [s.name for s in specs]
     if names != list(param_names):
         raise DeclarationError(
@@ -102,6 +107,11 @@ def validate_specs(op_name: str, specs: Sequence[ArgSpec], param_names: Sequence
     for spec in specs:
         refs = [other for other, _ in spec.sizes.values()] if isinstance(spec, TensorArg) else []
         refs += [spec.of] if isinstance(spec, DimArg) else []
+        optional = {s.name for s in specs if isinstance(s, TensorArg) and s.optional}
+        if isinstance(spec, DimArg) and spec.of in optional:
+            raise DeclarationError(
+                f"op {op_name!r}: DimArg {spec.name!r} cannot refer to the optional tensor {spec.of!r}."
+            )
         for ref in refs:
             if ref not in earlier_tensors:
                 raise DeclarationError(
@@ -149,7 +159,12 @@ def _check_tensor(op: str, spec: TensorArg, value: Any, values: Mapping[str, Any
         if not (-other.dim() <= other_dim < other.dim()):
             raise InputValueError(
                 f"{op}(): argument {other_name!r} must have a dimension {other_dim} to match {spec.name!r}; "
-                f"got shape {_shape(other)}."
+                f"got shape {_shape(other)}. Pass a tensor with that dimension."
+            )
+        if not (-ndim <= dim < ndim):
+            raise InputValueError(
+                f"{op}(): argument {spec.name!r} must have a dimension {dim} to match {other_name}.shape[{other_dim}]; "
+                f"got shape {_shape(value)}. Pass a tensor with that dimension."
             )
         want, got = other.shape[other_dim], value.shape[dim]
         if want != got:
@@ -171,19 +186,33 @@ def _check_scalar(op: str, spec: ScalarArg, value: Any) -> None:
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not ok:
         got = f"{type(value).__name__} {value!r}"
-        raise InputTypeError(f"{op}(): argument {spec.name!r} must be a Python {kind}; got {got}.")
-    if spec.kind is float and not math.isfinite(value):
-        raise InputValueError(f"{op}(): argument {spec.name!r} must be a finite float; got {value!r}.")
+        example = {"float": "1e-6", "int": "1", "bool": "True"}[kind]
+        raise InputTypeError(
+            f"{op}(): argument {spec.name!r} must be a Python {kind}; got {got}. Pass a {kind}, e.g. "
+            f"{spec.name}={example}."
+        )
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if spec.kind is float and not finite:
+        raise InputValueError(
+            f"{op}(): argument {spec.name!r} must be a finite float; got {value!r}. Pass a finite number."
+        )
     if (spec.min is not None and value < spec.min) or (spec.max is not None and value > spec.max):
         low = "-inf" if spec.min is None else spec.min
         high = "inf" if spec.max is None else spec.max
-        raise InputValueError(f"{op}(): argument {spec.name!r} must be in [{low}, {high}]; got {value!r}.")
+        raise InputValueError(
+            f"{op}(): argument {spec.name!r} must be in [{low}, {high}]; got {value!r}. Pass a value in that range."
+        )
 
 
 def _check_dim(op: str, spec: DimArg, value: Any, values: Mapping[str, Any]) -> None:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         got = f"{type(value).__name__} {value!r}"
-        raise InputTypeError(f"{op}(): argument {spec.name!r} must be a Python int; got {got}.")
+        raise InputTypeError(
+            f"{op}(): argument {spec.name!r} must be a Python int; got {got}. Pass an int, e.g. {spec.name}=-1."
+        )
     tensor = values[spec.of]
     span = max(tensor.dim(), 1)  # a 0-dim tensor accepts dim 0 and -1, as in torch
     if not (-span <= value < span):

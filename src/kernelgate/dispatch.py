@@ -21,11 +21,11 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from kernelgate.errors import FallbackWarning
+from kernelgate.errors import FallbackWarning, SettingsError
 from kernelgate.settings import Mode, parse_mode
 
 if TYPE_CHECKING:
-    from kernelgate.op import TritonImpl
+    from kernelgate.op import Op, TritonImpl
 
 __all__ = ["FallbackRecord", "Plan", "Reason", "fallbacks", "reset_fallbacks", "use_interpreter", "use_mode"]
 
@@ -87,8 +87,8 @@ _interpret: contextvars.ContextVar[bool | None] = contextvars.ContextVar("kernel
 
 
 @contextlib.contextmanager
-def use_mode(mode: str, *, op: str | None = None) -> Iterator[None]:
-    """Run the enclosed calls in ``mode``, for every op or only for the op named ``op``.
+def use_mode(mode: str, *, op: str | Op | None = None) -> Iterator[None]:
+    """Run the enclosed calls in ``mode``, for every op or only for ``op`` (an op or a registered op's name).
 
     >>> import torch, kernelgate
     >>> with kernelgate.use_mode("reference"):
@@ -96,6 +96,15 @@ def use_mode(mode: str, *, op: str | None = None) -> Iterator[None]:
     [0.5, 0.5]
     """
     checked = parse_mode(mode, source="use_mode(mode)")
+    if isinstance(op, str):
+        from kernelgate.op import get_op
+
+        try:
+            get_op(op)
+        except KeyError as err:
+            raise SettingsError(f"use_mode(op={op!r}): {err.args[0]} Name a registered op, or pass the op.") from err
+    elif op is not None:
+        op = op.name
     if op is None:
         token = _mode_all.set(checked)
         try:

@@ -31,7 +31,7 @@ SCHEMA_VERSION = 1
 
 @dataclasses.dataclass(frozen=True)
 class LogRow:
-    """One launch-log row; the field order is the CSV's column order."""
+    """One launch-log row; ``COLUMNS`` gives the CSV's column order (bookkeeping fields first)."""
 
     op: str
     implementation: str
@@ -106,7 +106,7 @@ class _Log:
                     f"kernelgate: cannot write the launch log {str(path)!r} ({err}); the log is off for the rest "
                     f"of this process. Point KERNELGATE_LOG (or configure(log_path=...)) at a writable file.",
                     LogWriteWarning,
-                    stacklevel=4,
+                    stacklevel=5,  # _Log.write, write, Op._log, Op.__call__, the caller
                 )
 
 

@@ -134,7 +134,12 @@ class Op:
             raise DeclarationError(f"op name must match {_NAME.pattern}; got {name!r}.")
         if not callable(reference):
             raise DeclarationError(f"op {name!r}: reference must be callable; got {reference!r}.")
-        params = list(inspect.signature(reference).parameters.values())
+        try:
+            params = list(inspect.signature(reference).parameters.values())
+        except (TypeError, ValueError) as err:
+            raise DeclarationError(
+                f"op {name!r}: cannot read the reference's parameters ({err}); pass a Python function."
+            ) from err
         if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
             raise DeclarationError(f"op {name!r}: the reference must not take *args or **kwargs.")
         validate_specs(name, tuple(args), [p.name for p in params])
@@ -180,7 +185,8 @@ class Op:
             return args
         if len(args) > len(names):
             raise InputTypeError(
-                f"{self.name}() takes {len(names)} argument(s) ({', '.join(names)}); got {len(args)} positional."
+                f"{self.name}() takes {len(names)} argument(s) ({', '.join(names)}); got {len(args)} positional. "
+                f"Call it as {self._usage()}."
             )
         values = list(args)
         for name in names[len(args) :]:
@@ -190,15 +196,21 @@ class Op:
                 values.append(self._defaults[name])
             else:
                 raise InputTypeError(
-                    f"{self.name}() is missing argument {name!r}; its parameters are {', '.join(names)}."
+                    f"{self.name}() is missing argument {name!r}; its parameters are {', '.join(names)}. "
+                    f"Call it as {self._usage()}."
                 )
         if kwargs:
             unknown = next(iter(kwargs))
             reason = "given twice" if unknown in names else "unknown"
             raise InputTypeError(
-                f"{self.name}() got argument {unknown!r} ({reason}); its parameters are {', '.join(names)}."
+                f"{self.name}() got argument {unknown!r} ({reason}); its parameters are {', '.join(names)}. "
+                f"Call it as {self._usage()}."
             )
         return tuple(values)
+
+    def _usage(self) -> str:
+        params = [f"{n}={self._defaults[n]!r}" if n in self._defaults else n for n in self._names]
+        return f"{self.name}({', '.join(params)})"
 
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """Check the inputs and return the path a call with them would take, without running it."""

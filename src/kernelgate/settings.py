@@ -76,8 +76,11 @@ class Settings:
         for name in ("interpret", "warn_fallback"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingsError(f"{name} must be a bool; got {getattr(self, name)!r}.")
-        if self.log_path is not None and not isinstance(self.log_path, Path):
-            object.__setattr__(self, "log_path", Path(self.log_path))
+        path = self.log_path
+        if isinstance(path, str):
+            object.__setattr__(self, "log_path", Path(path) if path.strip() else None)
+        elif path is not None and not isinstance(path, Path):
+            raise SettingsError(f"log_path must be a path, a string or None; got {type(path).__name__} {path!r}.")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

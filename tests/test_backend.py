@@ -1,0 +1,250 @@
+"""The backend probe, the lazy Triton import, a Triton-free kernelgate, and the launch helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+import kernelgate
+from kernelgate import backend
+from kernelgate.launch import Unsupported, as_rows, block_size, call_state, cdiv, next_power_of_2, num_warps_for
+
+
+def run_python(code: str) -> str:
+    """Run ``code`` in a fresh interpreter without KERNELGATE_* variables; return its stdout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELGATE_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+# --- backend.status ----------------------------------------------------------------------------
+
+
+def test_status_on_this_machine() -> None:
+    """Triton imports, its interpreter is available, and the GPU fields agree with each other and with torch."""
+    import triton
+
+    status = backend.status()
+    assert status.triton_version == triton.__version__
+    assert status.triton_error is None
+    assert status.interpreter is True
+    assert (status.driver_error is None) is status.gpu, "a driver error is given exactly when there is no GPU"
+    if not torch.cuda.is_available():
+        assert status.gpu is False
+        assert status.target is None
+        assert status.driver_error
+
+
+@pytest.mark.gpu
+def test_status_with_a_gpu() -> None:
+    """With a GPU the probe finds an active Triton target and no driver error."""
+    status = backend.status()
+    assert status.target in ("cuda", "hip", "xpu")
+    assert status.driver_error is None
+
+
+def test_status_is_probed_once() -> None:
+    """status() probes Triton once per process and returns the same object afterwards."""
+    assert backend.status() is backend.status()
+
+
+def test_triton_version_reads_metadata() -> None:
+    """triton_version() gives the installed Triton's version from its package metadata."""
+    import importlib.metadata
+
+    assert backend.triton_version() == importlib.metadata.version("triton")
+
+
+def test_cpu_device_description() -> None:
+    """The CPU's device name is "cpu" and it has no compute capability."""
+    assert backend.device_name(torch.device("cpu")) == "cpu"
+    assert backend.capability(torch.device("cpu")) == ""
+
+
+# --- importing without Triton --------------------------------------------------------------------
+
+
+def test_import_kernelgate_does_not_import_triton() -> None:
+    """`import kernelgate` and a reference-mode call leave Triton unimported."""
+    out = run_python(
+        "import sys, torch, kernelgate\n"
+        "assert 'triton' not in sys.modules, 'import kernelgate imported triton'\n"
+        "with kernelgate.use_mode('reference'):\n"
+        "    kernelgate.softmax(torch.zeros(2)); kernelgate.rms_norm(torch.ones(2), None)\n"
+        "print('triton' in sys.modules)\n"
+    )
+    assert out == "False\n"
+
+
+def test_auto_call_imports_triton_lazily() -> None:
+    """The first auto-mode call imports Triton to probe the backend (so the lazy import is real, not absent)."""
+    out = run_python(
+        "import sys, warnings, torch, kernelgate\n"
+        "warnings.simplefilter('ignore')\n"
+        "before = 'triton' in sys.modules\n"
+        "kernelgate.softmax(torch.zeros(2))\n"
+        "print(before, 'triton' in sys.modules)\n"
+    )
+    assert out == "False True\n"
+
+
+_WITHOUT_TRITON = """
+import json, sys, warnings
+sys.modules["triton"] = None  # `import triton` now raises ImportError, as if it were not installed
+import torch, kernelgate
+from kernelgate import backend
+
+warnings.simplefilter("ignore")
+x = torch.randn(3, 5)
+w = torch.randn(5)
+y_auto = kernelgate.softmax(x)
+with kernelgate.use_interpreter():
+    y_interp = kernelgate.rms_norm(x, w)
+try:
+    with kernelgate.use_mode("triton"):
+        kernelgate.softmax(x)
+    raised = None
+except kernelgate.TritonUnavailableError as err:
+    raised = str(err)
+status = backend.status()
+print(json.dumps({
+    "softmax_ok": torch.allclose(y_auto, torch.softmax(x, -1)),
+    "rms_norm_ok": torch.allclose(y_interp, torch.nn.functional.rms_norm(x, (5,), w, 1e-6)),
+    "fallbacks": [[r.op, r.reason, r.count] for r in kernelgate.fallbacks()],
+    "raised": raised,
+    "status": [status.triton_version, status.triton_error, status.target, status.interpreter],
+}))
+"""
+
+
+def test_kernelgate_works_without_triton() -> None:
+    """Without Triton every call runs its reference with reason "triton-missing", and mode "triton" raises saying so."""
+    result: dict[str, Any] = json.loads(run_python(_WITHOUT_TRITON))
+    assert result["softmax_ok"] is True
+    assert result["rms_norm_ok"] is True
+    assert result["fallbacks"] == [["rms_norm", "triton-missing", 1], ["softmax", "triton-missing", 1]]
+    assert result["raised"] is not None
+    assert re.search(r"triton-missing: triton cannot be imported \((ModuleNotFound|Import)Error: ", result["raised"])
+    assert "pip install triton" in result["raised"]
+    version, error, target, interpreter = result["status"]
+    assert (version, target, interpreter) == (None, None, False)
+    assert re.match(r"(ModuleNotFound|Import)Error: import of triton halted", error)
+
+
+# --- launch helpers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (1000, 256, 4)])
+def test_cdiv(a: int, b: int, expected: int) -> None:
+    """cdiv(a, b) is the number of blocks of b that cover a items."""
+    assert cdiv(a, b) == expected
+
+
+@pytest.mark.parametrize(("n", "expected"), [(0, 1), (1, 1), (2, 2), (3, 4), (17, 32), (1024, 1024), (1025, 2048)])
+def test_next_power_of_2(n: int, expected: int) -> None:
+    """next_power_of_2(n) is the least power of two >= n, and 1 for n <= 1."""
+    assert next_power_of_2(n) == expected
+
+
+@pytest.mark.parametrize(
+    ("n", "kwargs", "expected"),
+    [(1, {}, 16), (17, {}, 32), (1000, {}, 1024), (10**6, {}, 65536), (5, {"lo": 1}, 8), (300, {"hi": 128}, 128)],
+)
+def test_block_size(n: int, kwargs: dict[str, int], expected: int) -> None:
+    """block_size covers n with a power of two clamped to [lo, hi]."""
+    assert block_size(n, **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("block", "kwargs", "expected"),
+    [(16, {}, 1), (256, {}, 1), (512, {}, 2), (1024, {}, 4), (2**16, {}, 16), (1024, {"elements_per_thread": 1}, 16)],
+)
+def test_num_warps_for(block: int, kwargs: dict[str, int], expected: int) -> None:
+    """num_warps_for gives about elements_per_thread elements per thread, a power of two within [lo, hi]."""
+    assert num_warps_for(block, **kwargs) == expected
+
+
+def test_launch_refuses_a_grid_over_the_hardware_limit() -> None:
+    """launch() raises Unsupported("grid-too-large") before touching the kernel when a grid axis is too large."""
+    touched: list[str] = []
+
+    class Kernel:
+        def __getitem__(self, grid: object) -> None:
+            touched.append("launched")
+
+    with pytest.raises(Unsupported, match=r"^grid-too-large: grid axis 2 needs 65536 programs") as info:
+        kernelgate.launch(Kernel(), (1, 1, 65536))
+    assert (info.value.reason, touched) == ("grid-too-large", [])
+    built = kernelgate.unsupported("shape-unsupported", "too wide")
+    assert (built.reason, built.detail, str(built)) == ("shape-unsupported", "too wide", "shape-unsupported: too wide")
+
+
+@pytest.fixture
+def notes() -> Any:
+    """Collect as_rows' notes, as the dispatcher does while logging."""
+    collected: list[str] = []
+    saved = call_state.notes
+    call_state.notes = collected
+    yield collected
+    call_state.notes = saved
+
+
+def test_as_rows_views_a_contiguous_tensor(notes: list[str]) -> None:
+    """A contiguous (2, 3, 4) tensor becomes a (6, 4) view of the same memory, with no note."""
+    t = torch.arange(24.0).view(2, 3, 4)
+    rows = as_rows(t, "x")
+    assert rows.shape == (6, 4)
+    assert rows.data_ptr() == t.data_ptr() and rows._base is not None
+    assert notes == []
+
+
+def test_as_rows_keeps_the_row_stride(notes: list[str]) -> None:
+    """Rows sliced out of a wider tensor are viewed with their stride kept, not copied."""
+    base = torch.arange(24.0).view(3, 8)
+    t = base[:, :5]
+    rows = as_rows(t, "x")
+    assert rows.stride() == (8, 1)
+    assert rows.data_ptr() == base.data_ptr()
+    assert torch.equal(rows, t)
+    assert notes == []
+
+
+def test_as_rows_copies_a_transposed_tensor_and_notes_it(notes: list[str]) -> None:
+    """A transposed tensor, whose last dimension is strided, is copied contiguous and the copy is noted."""
+    t = torch.arange(15.0).view(5, 3).t()
+    rows = as_rows(t, "x")
+    assert rows.is_contiguous() and rows.data_ptr() != t.data_ptr()
+    assert torch.equal(rows, t)
+    assert notes == ["copied x: last dimension has stride 3"]
+
+
+def test_as_rows_copies_unmergeable_leading_dimensions_and_notes_it(notes: list[str]) -> None:
+    """Leading dimensions that cannot be merged into one row index force a noted copy."""
+    t = torch.arange(24.0).view(2, 3, 4)[:, :2, :]
+    rows = as_rows(t, "w")
+    assert rows.shape == (4, 4) and rows.is_contiguous()
+    assert torch.equal(rows, t.reshape(4, 4))
+    assert notes == ["copied w: leading dimensions of strides (12, 4) cannot be merged"]
+
+
+def test_as_rows_of_a_zero_dim_tensor(notes: list[str]) -> None:
+    """A 0-dim tensor becomes a (1, 1) matrix."""
+    rows = as_rows(torch.tensor(2.5), "x")
+    assert rows.shape == (1, 1) and rows.item() == 2.5
+    assert notes == []
+
+
+def test_as_rows_without_a_note_list() -> None:
+    """Outside a logged call (notes is None) as_rows still copies, recording nothing."""
+    assert call_state.notes is None
+    t = torch.arange(6.0).view(2, 3).t()
+    assert torch.equal(as_rows(t, "x"), t)
+    assert call_state.notes is None

@@ -9,6 +9,7 @@ import torch
 
 import kernelgate
 from kernelgate import backend
+from kernelgate.op import clear_memos
 
 
 def gpu_available() -> bool:
@@ -26,22 +27,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def clean_state() -> Iterator[None]:
-    """Each test starts from default settings (environment ignored) and no recorded fallbacks."""
-    kernelgate.reload_settings({})
+def clean_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each test starts from default settings (environment ignored), no recorded fallbacks, an empty cache."""
+    cache = tmp_path_factory.mktemp("kernelgate-cache")
+    kernelgate.reload_settings({"KERNELGATE_CACHE_DIR": str(cache)})
     kernelgate.reset_fallbacks()
+    clear_memos()
     yield
-    kernelgate.reload_settings({})
+    kernelgate.reload_settings({"KERNELGATE_CACHE_DIR": str(cache)})
     kernelgate.reset_fallbacks()
+    clear_memos()
 
 
 @pytest.fixture(params=["interpreter", pytest.param("gpu", marks=pytest.mark.gpu)])
 def target(request: pytest.FixtureRequest) -> Iterator[torch.device]:
     """The device Triton kernels run on: CPU tensors through the interpreter, or the GPU compiled.
 
-    The mode is "triton", so a test fails rather than silently testing the reference.
+    The mode is "triton", so a test fails rather than silently testing the reference. Under the
+    interpreter tuning is off (interpreted times say nothing about speed; each kernel runs its
+    default configuration); on the GPU each new bucket is tuned as in real use.
     """
     if request.param == "interpreter":
+        kernelgate.configure(tune=False)
         with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
             yield torch.device("cpu")
     else:

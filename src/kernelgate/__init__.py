@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from kernelgate import tolerance
+from kernelgate import bucket, tolerance
+from kernelgate.config import Config, ConfigSpace
 from kernelgate.contract import FLOAT_DTYPES, DimArg, ScalarArg, TensorArg
 from kernelgate.dispatch import FallbackRecord, Plan, Reason, fallbacks, reset_fallbacks, use_interpreter, use_mode
 from kernelgate.errors import (
+    CacheWarning,
+    CheckError,
+    CheckWarning,
     DeclarationError,
     DeviceError,
     FallbackWarning,
@@ -32,6 +36,8 @@ from kernelgate.errors import (
 from kernelgate.launch import (
     LazyKernel,
     as_contiguous,
+    empty,
+    empty_like,
     as_rows,
     block_size,
     cdiv,
@@ -52,6 +58,11 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree (P
 __all__ = [
     "FLOAT_DTYPES",
     "HALF_AND_FLOAT",
+    "CacheWarning",
+    "CheckError",
+    "CheckWarning",
+    "Config",
+    "ConfigSpace",
     "DeclarationError",
     "DeviceError",
     "DimArg",
@@ -77,8 +88,11 @@ __all__ = [
     "as_contiguous",
     "as_rows",
     "block_size",
+    "bucket",
     "cdiv",
     "configure",
+    "empty",
+    "empty_like",
     "fallbacks",
     "get_op",
     "launch",

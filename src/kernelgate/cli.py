@@ -155,8 +155,10 @@ def _demo_cases(device: torch.device, interpret: bool) -> list[_DemoCase]:
 def demo(console: Console, log: Path, repeats: int) -> int:
     """Run the built-in ops on the best device, check each against its reference, time it, log it.
 
-    On a machine without a GPU the ops run their references; the Triton kernels then also run at
-    small shapes through the interpreter, checked for correctness (interpreter times are not speed).
+    On a GPU, the first call of each shape bucket tunes it (gate, then time every candidate), so the
+    table shows what measurement chose. On a machine without a GPU the ops run their references;
+    the Triton kernels then also run at small shapes through the interpreter, in mode ``triton``
+    with their default configurations, checked for correctness (interpreter times are not speed).
     """
     device = best_device()
     kernelgate.configure(log_path=log, warn_fallback=False)
@@ -168,7 +170,9 @@ def demo(console: Console, log: Path, repeats: int) -> int:
         runs.append((device, True))
     failures = 0
     for run_device, interpret in runs:
-        with kernelgate.use_interpreter(interpret):
+        if interpret:
+            kernelgate.configure(tune=False)
+        with kernelgate.use_interpreter(interpret), kernelgate.use_mode("triton" if interpret else "auto"):
             for case in _demo_cases(run_device, interpret):
                 op, args = case.op, case.args
                 plan = op.plan(*args)

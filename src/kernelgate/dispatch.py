@@ -21,6 +21,9 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import torch
+
+from kernelgate.config import Config, config_label
 from kernelgate.errors import FallbackWarning, SettingsError
 from kernelgate.settings import Mode, parse_mode
 
@@ -31,11 +34,21 @@ __all__ = ["FallbackRecord", "Plan", "Reason", "fallbacks", "reset_fallbacks", "
 
 
 class Reason(str, enum.Enum):
-    """Why a call took the path it took."""
+    """Why a call took the path it took.
 
-    FIRST_ELIGIBLE = "first-eligible"
-    MODE_TRITON = "mode-triton"
+    A Triton path is ``tuned`` (measured just now), ``cached`` (a stored decision) or
+    ``default-config`` (tuning off, or a CUDA graph being captured, and no stored decision). The
+    reference path is ``reference-faster`` when measurement chose it, ``mode-reference`` when asked
+    for, and otherwise a fallback whose reason is counted and warned about.
+    """
+
+    TUNED = "tuned"
+    CACHED = "cached"
+    DEFAULT_CONFIG = "default-config"
+    REFERENCE_FASTER = "reference-faster"
     MODE_REFERENCE = "mode-reference"
+    GATE_FAILED = "gate-failed"
+    DEMOTED = "demoted"
     NO_IMPLEMENTATION = "no-implementation"
     TRITON_MISSING = "triton-missing"
     NO_GPU_DRIVER = "no-gpu-driver"
@@ -60,10 +73,19 @@ class Plan:
     reason: Reason | str
     detail: str = ""
     interpret: bool = False
+    config: Config | None = None
+    key: str | None = None
+    device: torch.device | None = None
 
     def __repr__(self) -> str:
+        config = f", config={config_label(self.config)!r}" if self.config else ""
         detail = f", detail={self.detail!r}" if self.detail else ""
-        return f"Plan(path={self.path!r}, implementation={self.name!r}, reason={str(self.reason)!r}{detail})"
+        return f"Plan(path={self.path!r}, implementation={self.name!r}{config}, reason={str(self.reason)!r}{detail})"
+
+    @property
+    def is_fallback(self) -> bool:
+        """Whether the reference runs for want of a usable Triton path (not by choice or measurement)."""
+        return self.implementation is None and self.reason not in (Reason.MODE_REFERENCE, Reason.REFERENCE_FASTER)
 
     @property
     def path(self) -> str:

@@ -10,13 +10,18 @@ keeps working::
     │   └── DeviceError     (ValueError)    tensors on different devices
     ├── DeclarationError (TypeError)    an op, argument spec or implementation is declared wrongly
     ├── SettingsError    (ValueError)   a KERNELGATE_* variable or configure() value is invalid
-    └── TritonUnavailableError (RuntimeError)
-                                        mode "triton" was requested but no Triton implementation
-                                        can run these inputs here
+    ├── TritonUnavailableError (RuntimeError)
+    │                                   mode "triton" was requested but no Triton implementation
+    │                                   can run (or passed the correctness gate for) these inputs
+    └── CheckError (RuntimeError)       check mode found a Triton result that differs from the
+                                        reference
 
     KernelgateWarning (UserWarning)
     ├── FallbackWarning                 a call took the reference path instead of Triton
-    └── LogWriteWarning                 the launch log could not be written and was disabled
+    ├── LogWriteWarning                 the launch log could not be written and was disabled
+    ├── CacheWarning                    the decision cache is corrupt, unreadable or unwritable,
+    │                                   or holds an entry that does not fit the op's declaration
+    └── CheckWarning                    check mode found a mismatch and demoted the decision
 
 Messages name the argument, what was expected, what was received and how to fix it.
 """
@@ -24,6 +29,9 @@ Messages name the argument, what was expected, what was received and how to fix 
 from __future__ import annotations
 
 __all__ = [
+    "CacheWarning",
+    "CheckError",
+    "CheckWarning",
     "DeclarationError",
     "DeviceError",
     "FallbackWarning",
@@ -70,6 +78,10 @@ class TritonUnavailableError(KernelgateError, RuntimeError):
     """Mode "triton" was requested, but no Triton implementation can run these inputs here."""
 
 
+class CheckError(KernelgateError, RuntimeError):
+    """Check mode found a Triton result that differs from the reference; the message is the report."""
+
+
 class KernelgateWarning(UserWarning):
     """Base class of every warning kernelgate emits."""
 
@@ -80,3 +92,11 @@ class FallbackWarning(KernelgateWarning):
 
 class LogWriteWarning(KernelgateWarning):
     """The launch log could not be written; logging is disabled for the rest of the process."""
+
+
+class CacheWarning(KernelgateWarning):
+    """The decision cache could not be used as is (it is rebuilt or kept in memory)."""
+
+
+class CheckWarning(KernelgateWarning):
+    """Check mode found a mismatch and, as configured, demoted the decision to the reference."""

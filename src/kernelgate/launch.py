@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -25,6 +26,8 @@ __all__ = [
     "as_rows",
     "block_size",
     "cdiv",
+    "empty",
+    "empty_like",
     "launch",
     "next_power_of_2",
     "num_warps_for",
@@ -78,6 +81,7 @@ class _CallState(threading.local):
     """Per-thread state of the call being dispatched: how to launch, and what to record."""
 
     interpret: bool = False
+    poison: bool = False
     launches: list[tuple[str, tuple[int, ...], dict[str, Any]]] | None = None
     notes: list[str] | None = None
 
@@ -143,6 +147,30 @@ def as_rows(t: torch.Tensor, name: str) -> torch.Tensor:
     except RuntimeError:
         _note(f"copied {name}: leading dimensions of strides {t.stride()[:-1]} cannot be merged")
         return t.contiguous().view(-1, n)
+
+
+def empty(shape: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An output tensor: uninitialised, or NaN-filled while the correctness gate runs a candidate.
+
+    Launchers allocate their outputs with this (or :func:`empty_like`), so the gate catches any
+    element a kernel fails to write.
+    """
+    if call_state.poison:
+        return torch.full(tuple(shape), _poison_value(dtype), dtype=dtype, device=device)
+    return torch.empty(tuple(shape), dtype=dtype, device=device)
+
+
+def empty_like(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous output shaped like ``t`` (see :func:`empty`)."""
+    return empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _poison_value(dtype: torch.dtype) -> float | int | bool:
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return int(torch.iinfo(dtype).max)
 
 
 def as_contiguous(t: torch.Tensor, name: str) -> torch.Tensor:

@@ -15,22 +15,32 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
+import json
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+import warnings
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from kernelgate import backend
 from kernelgate import log as launch_log
+from kernelgate.bucket import pow2, stride_class
+from kernelgate.cache import decision_cache
+from kernelgate.config import Config, ConfigSpace, config_label
 from kernelgate.contract import ArgSpec, TensorArg, check_inputs, validate_specs
 from kernelgate.dispatch import Plan, Reason, effective_interpret, effective_mode, record_fallback
-from kernelgate.errors import DeclarationError, InputTypeError, TritonUnavailableError
-from kernelgate.launch import Unsupported, call_state
-from kernelgate.settings import Mode, parse_mode, settings
+from kernelgate.errors import CacheWarning, DeclarationError, InputTypeError, TritonUnavailableError
+from kernelgate.launch import LazyKernel, Unsupported, call_state
+from kernelgate.selection import clone_args, tune
+from kernelgate.settings import Mode, Settings, parse_mode, settings
+from kernelgate.settings import generation as settings_generation
 
 __all__ = ["HALF_AND_FLOAT", "Op", "TritonImpl", "get_op", "registered_ops"]
 
@@ -46,15 +56,22 @@ class TritonImpl:
 
     Attributes:
         name: short name, unique within the op (``"single_block"``); appears in logs and ``doctor``.
-        launcher: called with the op's arguments; allocates outputs and calls
-            :func:`kernelgate.launch` for each kernel. It runs only on inputs that passed the
-            contract and the checks below.
-        kernels: the ``@triton.jit`` kernels the launcher launches (listed for tooling).
+        launcher: called with the op's arguments (and ``config=`` when ``configs`` is declared);
+            allocates outputs with :func:`kernelgate.empty` and calls :func:`kernelgate.launch`.
+            It runs only on inputs that passed the contract and the checks below.
+        kernels: the ``@triton.jit`` kernels the launcher launches; their source is hashed into
+            every tuning decision, so an edited kernel is tuned again.
         dtypes: dtypes the kernels handle; other dtypes take the reference path.
         max_numel: largest element count (and index extent) of any tensor the kernels can address;
             the default suits 32-bit offsets.
         supports: optional check of further limits, called with the op's arguments; returns
             ``None`` when the inputs can run, else a sentence saying why not.
+        configs: the launch configurations to tune over, or ``None`` for a launcher that takes none.
+        default_config: the configuration used without tuning: a member of ``configs``, or a
+            function of the op's arguments returning one. Default: the first that ``prune`` keeps.
+        prune: optional ``prune(config, *args) -> bool``: whether ``config`` suits these inputs
+            (block sizes that fit the row, register and shared-memory limits). Runs before
+            anything compiles.
     """
 
     name: str
@@ -63,6 +80,9 @@ class TritonImpl:
     dtypes: tuple[torch.dtype, ...] = HALF_AND_FLOAT
     max_numel: int = INT32_LIMIT
     supports: Callable[..., str | None] | None = None
+    configs: ConfigSpace | None = None
+    default_config: Config | Callable[..., Config] | None = None
+    prune: Callable[..., bool] | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -71,6 +91,59 @@ class TritonImpl:
             raise DeclarationError(f"TritonImpl {self.name!r}: launcher must be callable; got {self.launcher!r}.")
         if self.max_numel < 1:
             raise DeclarationError(f"TritonImpl {self.name!r}: max_numel must be >= 1; got {self.max_numel}.")
+        if self.configs is not None and not isinstance(self.configs, ConfigSpace):
+            raise DeclarationError(f"TritonImpl {self.name!r}: configs must be a ConfigSpace; got {self.configs!r}.")
+        if self.configs is None and (self.default_config is not None or self.prune is not None):
+            raise DeclarationError(f"TritonImpl {self.name!r}: default_config and prune need configs.")
+        if isinstance(self.default_config, Mapping):
+            assert self.configs is not None
+            if self.configs.validate(self.default_config) is None:
+                raise DeclarationError(
+                    f"TritonImpl {self.name!r}: default_config {dict(self.default_config)} is not in {self.configs!r}."
+                )
+
+    def candidate_configs(self, values: Sequence[Any]) -> list[Config | None]:
+        """The configurations to try for these inputs: the space, pruned (``[None]`` without one)."""
+        if self.configs is None:
+            return [None]
+        return [c for c in self.configs if self.prune is None or self.prune(c, *values)]
+
+    def default_for(self, values: Sequence[Any]) -> Config | None:
+        """The configuration used without tuning, or ``None`` (no config space)."""
+        if self.configs is None:
+            return None
+        if self.default_config is None:
+            kept = self.candidate_configs(values)
+            return kept[0] if kept else next(iter(self.configs))
+        chosen = self.default_config(*values) if callable(self.default_config) else self.default_config
+        valid = self.configs.validate(chosen)
+        if valid is None:
+            raise DeclarationError(
+                f"TritonImpl {self.name!r}: default_config gave {chosen!r}, not in {self.configs!r}."
+            )
+        return valid
+
+    def source_hash(self) -> str:
+        """A hash of the kernels' and launcher's source and the config space (imports the kernels)."""
+        cached = _source_hashes.get(id(self))
+        if cached is not None:
+            return cached
+        digest = hashlib.sha256(repr(self.configs).encode())
+        for item in (*self.kernels, self.launcher):
+            resolved = item.resolve() if isinstance(item, LazyKernel) else item
+            src = getattr(resolved, "src", None)
+            if src is None:
+                try:
+                    src = inspect.getsource(getattr(resolved, "fn", resolved))
+                except (OSError, TypeError):
+                    src = getattr(resolved, "__qualname__", repr(resolved))
+            digest.update(str(src).encode())
+        value = digest.hexdigest()[:16]
+        _source_hashes[id(self)] = value
+        return value
+
+
+_source_hashes: dict[int, str] = {}
 
 
 def _index_extent(t: torch.Tensor) -> int:
@@ -106,15 +179,22 @@ class Op:
     """An operation declared once: a plain-PyTorch reference, its input contract, Triton implementations.
 
     Call it like the reference. Each call checks the inputs against the contract, picks the path
-    (see :mod:`kernelgate.dispatch`), runs it on the tensors' device and, when the launch log is
-    on, appends a row.
+    (see :mod:`kernelgate.dispatch` and :mod:`kernelgate.selection`), runs it on the tensors'
+    device and, when the launch log is on, appends a row. The checks and the choice are memoised
+    per exact input signature, so a repeated call pays a dictionary lookup.
 
     Args:
         name: lower-case identifier; the op's registry key, log value and CLI argument.
         reference: the plain-PyTorch function that defines the op's result.
         args: one spec per reference parameter, in order.
         implementations: Triton implementations, tried in order.
-        example: builds small valid arguments on a device, for ``kernelgate doctor`` and ``demo``.
+        bucket: ``bucket(*args) -> tuple``: which calls share a tuning decision (see
+            :mod:`kernelgate.bucket`); default: each dimension of each tensor rounded up to a
+            power of two.
+        reduction_length: ``reduction_length(*args) -> int``: how many inputs each output
+            reduces over, which scales the tolerance; default 1.
+        mutates: names of tensor arguments the op writes in place; tuning runs on copies of them.
+        example: builds small valid arguments on a device, for ``kernelgate doctor`` and ``tune``.
         register: add the op to the registry (``registered_ops``, the CLI).
         replace: allow replacing a registered op of the same name (for notebooks that re-run).
     """
@@ -126,6 +206,9 @@ class Op:
         reference: Callable[..., Any],
         args: Sequence[ArgSpec],
         implementations: Sequence[TritonImpl] = (),
+        bucket: Callable[..., tuple[Any, ...]] | None = None,
+        reduction_length: Callable[..., int] | None = None,
+        mutates: Sequence[str] = (),
         example: Callable[[torch.device], tuple[Any, ...]] | None = None,
         register: bool = True,
         replace: bool = False,
@@ -148,18 +231,29 @@ class Op:
             raise DeclarationError(f"op {name!r}: implementations must be TritonImpl instances.")
         if len({i.name for i in impls}) != len(impls):
             raise DeclarationError(f"op {name!r}: implementation names must be unique; got {[i.name for i in impls]}.")
+        tensor_names = [s.name for s in args if isinstance(s, TensorArg)]
+        unknown = [m for m in mutates if m not in tensor_names]
+        if unknown:
+            raise DeclarationError(f"op {name!r}: mutates names {unknown}, which are not tensor arguments.")
         self.name = name
         self.reference = reference
         self.args = tuple(args)
         self.implementations = impls
+        self.bucket = bucket or _default_bucket
+        self.reduction_length: Callable[..., int] = reduction_length or (lambda *args: 1)
+        self.mutates = tuple(mutates)
+        self.mutated_positions = tuple(i for i, s in enumerate(self.args) if s.name in self.mutates)
         self.example = example
         self.mode: Mode | None = None
         self._names = tuple(p.name for p in params)
         self._defaults = {p.name: p.default for p in params if p.default is not p.empty}
         self._tensor_positions = tuple(i for i, s in enumerate(self.args) if isinstance(s, TensorArg))
+        self._memo: dict[tuple[Any, ...], Plan] = {}
+        self._calls = 0
         self.__signature__ = inspect.signature(reference)
         self.__doc__ = reference.__doc__
         self.__name__ = name
+        _all_ops.add(self)
         if register:
             with _registry_lock:
                 if name in _registry and not replace:
@@ -177,7 +271,11 @@ class Op:
         """Pin this op's mode (``None`` follows the global setting)."""
         self.mode = None if mode is None else parse_mode(mode, source=f"{self.name}.set_mode(mode)")
 
-    # --- the call path ----------------------------------------------------------------------
+    def clear_memo(self) -> None:
+        """Forget memoised call plans (after the decision cache changed)."""
+        self._memo = {}
+
+    # --- binding and planning ---------------------------------------------------------------
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         names = self._names
@@ -213,59 +311,113 @@ class Op:
         return f"{self.name}({', '.join(params)})"
 
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
-        """Check the inputs and return the path a call with them would take, without running it."""
+        """Check the inputs and return the path a call with them takes (tuning the bucket if it is new)."""
         values = self._bind(args, kwargs)
-        device = check_inputs(self.name, self.args, values)
         current = settings()
         mode = effective_mode(self.name, self.mode, current.mode)
-        return self._plan(values, device, mode, effective_interpret(current.interpret))
+        return self._resolve(values, mode, effective_interpret(current.interpret), current)
 
-    def _plan(self, values: tuple[Any, ...], device: torch.device | None, mode: Mode, interpret: bool) -> Plan:
+    def _signature(self, values: tuple[Any, ...], mode: Mode, interpret: bool) -> tuple[Any, ...]:
+        """Everything the plan depends on, cheap to compute; equal signatures get equal plans."""
+        key: list[Any] = [mode, interpret, settings_generation(), torch.is_grad_enabled()]
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                key.append((v.dtype, v.shape, v.stride(), v.device, v.requires_grad))
+            else:
+                key.append((type(v), v))
+        return tuple(key)
+
+    def _resolve(self, values: tuple[Any, ...], mode: Mode, interpret: bool, current: Settings) -> Plan:
+        """Validate the inputs and choose the path (without the memo)."""
+        device = check_inputs(self.name, self.args, values)
+        eligible, refusal = self._eligible(values, device, mode, interpret)
+        if not eligible:
+            assert refusal is not None
+            return refusal
+        assert device is not None
+        key = self._decision_key(values, device, interpret)
+        cache = decision_cache(current.cache_dir)
+        entry = self._valid_entry(cache.get(key), key)
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if entry is None and current.tune and not capturing:
+            try:
+                entry, results = tune(self, values, device, eligible, interpret, current.tune_margin)
+            except Unsupported as err:
+                return Plan(None, err.reason, err.detail, key=key, device=device)
+            cache.put(key, entry)
+            self._log_tuning(current, values, device, mode, results, entry)
+            entry = self._valid_entry(entry, key)
+            assert entry is not None
+            reason: Reason = Reason.TUNED
+        else:
+            reason = Reason.CACHED
+        if entry is None:
+            impl = eligible[0]
+            detail = "a CUDA graph is being captured" if capturing else "tuning is off (KERNELGATE_TUNE=off)"
+            return Plan(impl, Reason.DEFAULT_CONFIG, detail, interpret, impl.default_for(values), key, device)
+        winner, best = entry["winner"], entry["best"]
+        if mode == "triton":
+            if best is None:
+                return Plan(None, Reason.GATE_FAILED, entry["reason"], key=key, device=device)
+            return Plan(best[0], reason, "", interpret, best[1], key, device)
+        if winner is None:
+            why = Reason.DEMOTED if entry.get("demoted") else Reason.REFERENCE_FASTER
+            if best is None and why is Reason.REFERENCE_FASTER:
+                why = Reason.GATE_FAILED
+            return Plan(None, why, entry["reason"], key=key, device=device)
+        return Plan(winner[0], reason, "", interpret, winner[1], key, device)
+
+    def _eligible(
+        self, values: tuple[Any, ...], device: torch.device | None, mode: Mode, interpret: bool
+    ) -> tuple[list[TritonImpl], Plan | None]:
+        """The implementations that can run these inputs here, or the reason none can."""
         if mode == "reference":
-            return Plan(None, Reason.MODE_REFERENCE, "mode is 'reference'")
+            return [], Plan(None, Reason.MODE_REFERENCE, "mode is 'reference'")
         if not self.implementations:
-            return Plan(None, Reason.NO_IMPLEMENTATION, f"{self.name} declares no Triton implementation")
+            return [], Plan(None, Reason.NO_IMPLEMENTATION, f"{self.name} declares no Triton implementation")
         if device is None:
-            return Plan(None, Reason.NO_TENSORS, "the call has no tensor argument")
+            return [], Plan(None, Reason.NO_TENSORS, "the call has no tensor argument")
         status = backend.status()
         if status.triton_version is None:
             detail = f"triton cannot be imported ({status.triton_error}); pip install triton"
-            return Plan(None, Reason.TRITON_MISSING, detail)
+            return [], Plan(None, Reason.TRITON_MISSING, detail)
         if interpret:
             if not status.interpreter:
-                return Plan(None, Reason.TRITON_MISSING, "this Triton has no interpreter")
+                return [], Plan(None, Reason.TRITON_MISSING, "this Triton has no interpreter")
         elif device.type not in _GPU_DEVICE_TYPES:
             if not status.gpu:
-                return Plan(
+                return [], Plan(
                     None,
                     Reason.NO_GPU_DRIVER,
                     "no GPU driver is active (kernelgate doctor shows why); KERNELGATE_INTERPRET=1 runs the "
                     "Triton kernels on the CPU through Triton's interpreter",
                 )
-            return Plan(
+            return [], Plan(
                 None,
                 Reason.CPU_TENSORS,
                 f"the tensors are on {device.type}; Triton compiles for GPU tensors (move them to the GPU, "
                 f"or set KERNELGATE_INTERPRET=1 to interpret the kernels)",
             )
         elif not status.gpu:
-            return Plan(None, Reason.NO_GPU_DRIVER, f"no Triton GPU driver is active ({status.driver_error})")
+            return [], Plan(None, Reason.NO_GPU_DRIVER, f"no Triton GPU driver is active ({status.driver_error})")
         tensors = [values[i] for i in self._tensor_positions if values[i] is not None]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             detail = "an input requires grad and the Triton implementations have no backward"
-            return Plan(None, Reason.REQUIRES_GRAD, detail)
+            return [], Plan(None, Reason.REQUIRES_GRAD, detail)
         for t in tensors:
             if t.numel() == 0:
-                return Plan(None, Reason.EMPTY_TENSOR, f"an input is empty (shape {tuple(t.shape)})")
+                return [], Plan(None, Reason.EMPTY_TENSOR, f"an input is empty (shape {tuple(t.shape)})")
+        eligible: list[TritonImpl] = []
         first: Plan | None = None
         for impl in self.implementations:
             refusal = self._refusal(impl, values, tensors)
             if refusal is None:
-                reason = Reason.MODE_TRITON if mode == "triton" else Reason.FIRST_ELIGIBLE
-                return Plan(impl, reason, "", interpret)
+                if impl.candidate_configs(values):
+                    eligible.append(impl)
+                    continue
+                refusal = Plan(None, Reason.SHAPE, f"{impl.name}: every configuration is pruned for these inputs")
             first = first or refusal
-        assert first is not None
-        return first
+        return eligible, first
 
     def _refusal(self, impl: TritonImpl, values: tuple[Any, ...], tensors: list[torch.Tensor]) -> Plan | None:
         for t in tensors:
@@ -285,40 +437,125 @@ class Op:
                 return Plan(None, Reason.SHAPE, f"{impl.name}: {why}")
         return None
 
+    # --- decisions --------------------------------------------------------------------------
+
+    def source_hash(self) -> str:
+        """A hash over every implementation's kernels, launcher and config space."""
+        return hashlib.sha256("".join(i.source_hash() for i in self.implementations).encode()).hexdigest()[:16]
+
+    def _decision_key(self, values: tuple[Any, ...], device: torch.device, interpret: bool) -> str:
+        from kernelgate import __version__
+
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        parts = [
+            self.name,
+            list(self.bucket(*values)),
+            [str(t.dtype).removeprefix("torch.") for t in tensors],
+            [stride_class(t) for t in tensors],
+            [t.data_ptr() % 16 == 0 for t in tensors],
+            "interpreter" if interpret else backend.device_name(device),
+            backend.capability(device),
+            torch.__version__,
+            backend.triton_version() or "",
+            __version__,
+            self.source_hash(),
+        ]
+        return json.dumps(parts, separators=(",", ":"), default=str)
+
+    def _valid_entry(self, entry: Mapping[str, Any] | None, key: str) -> dict[str, Any] | None:
+        """The cache entry with its implementations resolved, or ``None`` if absent or invalid (warned once)."""
+        if entry is None:
+            return None
+        try:
+            winner = self._resolve_choice(entry["implementation"], entry.get("config"))
+            best_raw = entry.get("best_triton")
+            best = (
+                None if best_raw is None else self._resolve_choice(best_raw["implementation"], best_raw.get("config"))
+            )
+            if best is None and best_raw is not None:
+                raise ValueError("best_triton names the reference")
+            return {
+                "winner": winner,
+                "best": best,
+                "reason": str(entry.get("reason", "")),
+                "demoted": bool(entry.get("demoted")),
+            }
+        except (KeyError, TypeError, ValueError) as err:
+            if key not in _warned_entries:
+                _warned_entries.add(key)
+                warnings.warn(
+                    f"kernelgate: ignoring a decision-cache entry for {self.name} that does not fit its declaration "
+                    f"({err}); the bucket is tuned again.",
+                    CacheWarning,
+                    stacklevel=4,
+                )
+            return None
+
+    def _resolve_choice(self, name: object, config: object) -> tuple[TritonImpl, Config | None] | None:
+        if name == "reference":
+            return None
+        impl = next((i for i in self.implementations if i.name == name), None)
+        if impl is None:
+            raise ValueError(f"unknown implementation {name!r}")
+        if impl.configs is None:
+            if config is not None:
+                raise ValueError(f"{name} takes no configuration")
+            return impl, None
+        valid = impl.configs.validate(config)
+        if valid is None:
+            raise ValueError(f"configuration {config!r} is not in {name}'s space {impl.configs!r}")
+        return impl, valid
+
+    # --- the call path ----------------------------------------------------------------------
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = self._bind(args, kwargs)
-        device = check_inputs(self.name, self.args, values)
         current = settings()
         mode = effective_mode(self.name, self.mode, current.mode)
-        plan = self._plan(values, device, mode, effective_interpret(current.interpret))
-        logging = current.log_path is not None
-        start = time.perf_counter() if logging else 0.0
+        interpret = effective_interpret(current.interpret)
+        memo_key: tuple[Any, ...] | None = self._signature(values, mode, interpret)
+        try:
+            plan = self._memo.get(memo_key)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable argument: the contract rejects it below
+            plan, memo_key = None, None
+        if plan is None:
+            plan = self._resolve(values, mode, interpret, current)
+            # A default config chosen while tuning is on (during graph capture) is not remembered,
+            # so the bucket is tuned on the first call outside the capture.
+            if memo_key is not None and not (plan.reason is Reason.DEFAULT_CONFIG and current.tune):
+                if len(self._memo) >= MEMO_LIMIT:
+                    self._memo = {}
+                self._memo[memo_key] = plan
+        log_path = current.log_path
+        start = time.perf_counter() if log_path is not None else 0.0
         if plan.implementation is not None:
+            expected = self._check_expected(values, current) if mode == "check" else None
             try:
-                result, launches, notes = self._run_triton(plan, values, device, logging)
+                result, launches, notes = self._run_triton(plan, values, log_path is not None)
             except Unsupported as err:
                 plan = Plan(None, err.reason, err.detail)
-                launches, notes = [], []
             else:
-                if logging:
-                    self._log(current.log_path, plan, mode, values, device, start, launches, notes)
+                if expected is not None:
+                    from kernelgate.check import check_result
+
+                    check_result(self, plan, values, result, expected[0], expected[1], current)
+                if log_path is not None:
+                    self._log(log_path, plan, mode, values, start, launches, notes)
                 return result
         if mode == "triton" and plan.reason is not Reason.MODE_REFERENCE:
             raise TritonUnavailableError(
                 f"{self.name}(): mode 'triton' was requested, but no Triton implementation can run these inputs: "
                 f"{plan.reason}: {plan.detail}. Use mode 'auto' to fall back to the reference, or change the inputs."
             )
-        if plan.reason is not Reason.MODE_REFERENCE:
+        if plan.is_fallback:
             record_fallback(self.name, plan, current.warn_fallback)
         result = self.reference(*values)
-        if logging:
-            self._log(current.log_path, plan, mode, values, device, start, [], [])
+        if log_path is not None:
+            self._log(log_path, plan, mode, values, start, [], [])
         return result
 
-    def _run_triton(
-        self, plan: Plan, values: tuple[Any, ...], device: torch.device | None, logging: bool
-    ) -> tuple[Any, list[Any], list[str]]:
-        impl = plan.implementation
+    def _run_triton(self, plan: Plan, values: tuple[Any, ...], logging: bool) -> tuple[Any, list[Any], list[str]]:
+        impl, device = plan.implementation, plan.device
         assert impl is not None and device is not None
         state = call_state
         launches: list[Any] = []
@@ -328,39 +565,107 @@ class Op:
         if logging:
             state.launches, state.notes = launches, notes
         try:
+            call = impl.launcher
             if plan.interpret or device.type != "cuda" or device.index == torch.cuda.current_device():
-                result = impl.launcher(*values)
+                result = call(*values, config=plan.config) if impl.configs is not None else call(*values)
             else:
                 with torch.cuda.device(device):
-                    result = impl.launcher(*values)
+                    result = call(*values, config=plan.config) if impl.configs is not None else call(*values)
         finally:
             state.interpret, state.launches, state.notes = saved
         return result, launches, notes
 
+    # --- check mode -------------------------------------------------------------------------
+
+    def _check_expected(self, values: tuple[Any, ...], current: Settings) -> tuple[Any, tuple[Any, ...]] | None:
+        """For a sampled call in check mode: the reference's result and the inputs as they were."""
+        self._calls += 1
+        if self._calls % current.check_every:
+            return None
+        inputs = clone_args(values, self.mutated_positions)
+        return self.reference(*clone_args(inputs, self.mutated_positions)), inputs
+
+    # --- logging ----------------------------------------------------------------------------
+
+    def _log_tuning(
+        self,
+        current: Settings,
+        values: tuple[Any, ...],
+        device: torch.device,
+        mode: Mode,
+        results: Sequence[Any],
+        entry: Mapping[str, Any],
+    ) -> None:
+        if current.log_path is None:
+            return
+        for r in results:
+            reason = r.verdict + (f": {r.detail}" if r.detail else "")
+            self._write_row(
+                current.log_path,
+                r.implementation,
+                config_label(r.config) if r.config else "",
+                "tune",
+                reason,
+                r.time_us or 0.0,
+                mode,
+                values,
+                device,
+            )
+        winner = entry["implementation"]
+        label = config_label(entry["config"]) if entry.get("config") else ""
+        self._write_row(
+            current.log_path,
+            winner,
+            label,
+            "tune-winner",
+            str(entry["reason"]),
+            float(entry["reference_us"]),
+            mode,
+            values,
+            device,
+        )
+
     def _log(
         self,
-        path: Any,
+        path: Path,
         plan: Plan,
         mode: Mode,
         values: tuple[Any, ...],
-        device: torch.device | None,
         start: float,
         launches: list[Any],
         notes: list[str],
     ) -> None:
-        if device is not None and device.type == "cuda":
+        device = plan.device or next((v.device for v in values if isinstance(v, torch.Tensor)), None)
+        capturing = device is not None and device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if device is not None and device.type == "cuda" and not capturing:
             torch.cuda.synchronize(device)  # the log is opt-in; its wall time covers the kernels
         wall_us = (time.perf_counter() - start) * 1e6
-        tensors = [v for v in values if isinstance(v, torch.Tensor)]
         config = ";".join(f"{name}{list(grid)}{sorted(meta.items())}" for name, grid, meta in launches)
         reason = str(plan.reason) + (f": {plan.detail}" if plan.detail else "") + "".join(f"; {n}" for n in notes)
+        if capturing:
+            reason += "; during CUDA graph capture (not synchronised)"
+        self._write_row(path, plan.name, config, plan.path, reason, wall_us, mode, values, device)
+
+    def _write_row(
+        self,
+        path: Path,
+        implementation: str,
+        config: str,
+        route: str,
+        reason: str,
+        wall_us: float,
+        mode: Mode,
+        values: tuple[Any, ...],
+        device: torch.device | None,
+    ) -> None:
         from kernelgate import __version__
 
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
         launch_log.write(
             path,
             launch_log.LogRow(
                 op=self.name,
-                implementation=plan.name,
+                implementation=implementation,
                 config=config,
                 shapes=";".join(str(list(t.shape)) for t in tensors),
                 dtypes=";".join(str(t.dtype).removeprefix("torch.") for t in tensors),
@@ -371,8 +676,23 @@ class Op:
                 triton_version=backend.triton_version() or "",
                 kernelgate_version=__version__,
                 mode=mode,
-                path=plan.path,
+                path=route,
                 reason=reason,
                 wall_us=round(wall_us, 2),
             ),
         )
+
+
+MEMO_LIMIT = 4096
+_warned_entries: set[str] = set()
+_all_ops: weakref.WeakSet[Op] = weakref.WeakSet()
+
+
+def clear_memos() -> None:
+    """Forget every op's memoised plans (the decision cache or its directory changed)."""
+    for op in list(_all_ops):
+        op.clear_memo()
+
+
+def _default_bucket(*values: Any) -> tuple[Any, ...]:
+    return tuple(tuple(pow2(s) for s in v.shape) for v in values if isinstance(v, torch.Tensor))

@@ -1,0 +1,213 @@
+"""Measured selection: gate every candidate against the reference, time the ones that pass, pick.
+
+For a new key (op, shape bucket, dtypes, layouts, device, versions, kernel source), the candidates
+are the reference and every (Triton implementation, configuration) eligible for the inputs. Each
+Triton candidate first runs on the inputs (clones of those the op mutates) into outputs filled with
+NaN and is compared with the reference under the tolerance policy; a failing or crashing candidate
+is excluded, with its error recorded. The rest are timed (GPU: ``triton.testing.do_bench``, L2
+flushed, median; CPU: wall clock, median), and a Triton candidate replaces the reference only when
+it is faster by the configured margin: ties go to the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kernelgate.config import Config, config_label
+from kernelgate.launch import Unsupported, call_state
+from kernelgate.tolerance import assert_close
+
+if TYPE_CHECKING:
+    from kernelgate.op import Op, TritonImpl
+
+__all__ = ["CandidateResult", "Mismatch", "compare", "run_candidate", "time_us", "tune"]
+
+# Timing effort per candidate (milliseconds of warm-up and of measurement on the GPU).
+GPU_WARMUP_MS = 5
+GPU_REP_MS = 20
+CPU_REPEATS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """How a result differs from the reference."""
+
+    max_abs: float
+    max_rel: float
+    first_index: tuple[int, ...] | None
+    output: int
+
+    def __str__(self) -> str:
+        where = f" first at index {list(self.first_index)}" if self.first_index is not None else ""
+        out = f" in output {self.output}" if self.output else ""
+        return f"max abs error {self.max_abs:.3g}, max rel error {self.max_rel:.3g}{out};{where}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateResult:
+    """One candidate's fate in a selection."""
+
+    implementation: str
+    config: Config | None
+    verdict: str  # "pass", "mismatch", "error", "unsupported"
+    time_us: float | None = None
+    detail: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.implementation + (f"[{config_label(self.config)}]" if self.config else "")
+
+
+def _outputs(result: Any) -> list[torch.Tensor]:
+    if isinstance(result, torch.Tensor):
+        return [result]
+    return [r for r in result if isinstance(r, torch.Tensor)]
+
+
+def compare(actual: Any, expected: Any, reduction_length: int) -> Mismatch | None:
+    """``None`` when every output matches its reference under the tolerance policy, else the mismatch."""
+    got, want = _outputs(actual), _outputs(expected)
+    if len(got) != len(want):
+        return Mismatch(float("inf"), float("inf"), None, 0)
+    for index, (a, e) in enumerate(zip(got, want, strict=True)):
+        try:
+            if a.shape != e.shape or a.dtype != e.dtype:
+                raise AssertionError("shape or dtype differs")
+            assert_close(a, e, reduction_length=reduction_length)
+        except AssertionError:
+            return _describe(a, e, index)
+    return None
+
+
+def _describe(actual: torch.Tensor, expected: torch.Tensor, output: int) -> Mismatch:
+    if actual.shape != expected.shape:
+        return Mismatch(float("inf"), float("inf"), None, output)
+    a, e = actual.double(), expected.double()
+    diff = (a - e).abs()
+    bad_nan = a.isnan() != e.isnan()
+    diff = torch.where(a.isnan() & e.isnan(), torch.zeros_like(diff), diff)
+    diff = torch.where(bad_nan, torch.full_like(diff, float("inf")), diff)
+    rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    tol = torch.zeros_like(diff)
+    from kernelgate.tolerance import tolerance
+
+    bound = tolerance(expected.dtype) if expected.dtype.is_floating_point else None
+    if bound is not None:
+        tol = bound.atol + bound.rtol * e.abs()
+    bad = (diff > tol) | bad_nan
+    first = tuple(int(i) for i in bad.nonzero()[0].tolist()) if bool(bad.any()) else None
+    return Mismatch(float(diff.max()) if diff.numel() else 0.0, float(rel.max()) if rel.numel() else 0.0, first, output)
+
+
+def clone_args(values: Sequence[Any], mutated: Sequence[int]) -> tuple[Any, ...]:
+    """``values`` with each mutated tensor replaced by a copy of the same size and strides."""
+    if not mutated:
+        return tuple(values)
+    out = list(values)
+    for i in mutated:
+        t = values[i]
+        if isinstance(t, torch.Tensor):
+            out[i] = t.new_empty_strided(t.size(), t.stride()).copy_(t)
+    return tuple(out)
+
+
+def run_candidate(impl: TritonImpl, config: Config | None, values: Sequence[Any], interpret: bool, poison: bool) -> Any:
+    """Run one Triton candidate; outputs allocated with ``kernelgate.empty*`` are NaN-filled when ``poison``."""
+    state = call_state
+    saved = state.interpret, state.poison
+    state.interpret, state.poison = interpret, poison
+    try:
+        return impl.launcher(*values, config=config) if impl.configs is not None else impl.launcher(*values)
+    finally:
+        state.interpret, state.poison = saved
+
+
+def time_us(fn: Callable[[], object], device: torch.device) -> float:
+    """Median time of ``fn`` in microseconds: ``do_bench`` (L2 flushed) on a GPU, wall clock elsewhere."""
+    if device.type in ("cuda", "xpu"):
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=GPU_WARMUP_MS, rep=GPU_REP_MS, return_mode="median")) * 1e3
+    fn()
+    times = []
+    for _ in range(CPU_REPEATS):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def tune(
+    op: Op,
+    values: tuple[Any, ...],
+    device: torch.device,
+    impls: Sequence[TritonImpl],
+    interpret: bool,
+    margin: float,
+) -> tuple[dict[str, Any], list[CandidateResult]]:
+    """Gate and time every candidate; return the cache entry describing the winners, and the results."""
+    reduction = op.reduction_length(*values)
+    expected = op.reference(*clone_args(values, op.mutated_positions))
+    results: list[CandidateResult] = []
+    unsupported: Unsupported | None = None
+    for impl in impls:
+        for config in impl.candidate_configs(values):
+            args = clone_args(values, op.mutated_positions)
+            try:
+                out = run_candidate(impl, config, args, interpret, poison=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            except Unsupported as err:
+                unsupported = unsupported or err
+                results.append(CandidateResult(impl.name, config, "unsupported", detail=str(err)))
+                continue
+            except Exception as err:  # a config that fails to compile or run is skipped, not fatal
+                results.append(CandidateResult(impl.name, config, "error", detail=f"{type(err).__name__}: {err}"[:500]))
+                continue
+            mismatch = compare(out, expected, reduction)
+            if mismatch is not None:
+                results.append(CandidateResult(impl.name, config, "mismatch", detail=str(mismatch)))
+                continue
+            elapsed = time_us(functools.partial(run_candidate, impl, config, args, interpret, False), device)
+            results.append(CandidateResult(impl.name, config, "pass", elapsed))
+    if unsupported is not None and not any(r.verdict == "pass" for r in results):
+        raise unsupported  # a limit of these exact inputs (not of the bucket): nothing is cached
+    ref_args = clone_args(values, op.mutated_positions)
+    reference_us = time_us(lambda: op.reference(*ref_args), device)
+    passing = sorted((r for r in results if r.verdict == "pass"), key=lambda r: r.time_us or 0.0)
+    best = passing[0] if passing else None
+    if best is not None and best.time_us is not None and best.time_us < reference_us * (1 - margin):
+        winner, why = (
+            best,
+            f"{best.label} {best.time_us:.1f} us beats the reference {reference_us:.1f} us by > {margin:.0%}",
+        )
+    elif best is not None:
+        winner, why = (
+            None,
+            f"reference {reference_us:.1f} us; best Triton {best.label} {best.time_us:.1f} us "
+            f"is not faster by {margin:.0%}",
+        )
+    else:
+        winner, why = None, "no Triton candidate passed the correctness gate"
+    entry = {
+        "op": op.name,
+        "implementation": winner.implementation if winner else "reference",
+        "config": dict(winner.config) if winner and winner.config else None,
+        "best_triton": {"implementation": best.implementation, "config": dict(best.config) if best.config else None}
+        if best
+        else None,
+        "reason": why,
+        "reference_us": round(reference_us, 2),
+        "candidates": {r.label: (round(r.time_us, 2) if r.time_us is not None else r.verdict) for r in results},
+        "source": "tuned",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    return entry, results

@@ -43,12 +43,12 @@ def clean_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def target(request: pytest.FixtureRequest) -> Iterator[torch.device]:
     """The device Triton kernels run on: CPU tensors through the interpreter, or the GPU compiled.
 
-    The mode is "triton", so a test fails rather than silently testing the reference. Under the
-    interpreter tuning is off (interpreted times say nothing about speed; each kernel runs its
-    default configuration); on the GPU each new bucket is tuned as in real use.
+    The mode is "triton", so a test fails rather than silently testing the reference. Tuning is
+    off: each kernel runs its default configuration (tests/test_configs.py checks every other
+    configuration, and the selection tests the tuning itself).
     """
+    kernelgate.configure(tune=False)
     if request.param == "interpreter":
-        kernelgate.configure(tune=False)
         with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
             yield torch.device("cpu")
     else:

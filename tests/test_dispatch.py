@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -31,11 +32,16 @@ from kernelgate.tolerance import assert_close
 # --- small ops whose paths record that they ran ------------------------------------------------
 
 
-def fake_impl(calls: list[str], name: str = "fake", **options: Any) -> TritonImpl:
-    """A TritonImpl whose plain-torch launcher computes x * scale and appends ``name`` to ``calls``."""
+def fake_impl(calls: list[str], name: str = "fake", *, delay: float = 0.0, **options: Any) -> TritonImpl:
+    """A TritonImpl whose plain-torch launcher computes x * scale and appends ``name`` to ``calls``.
+
+    With ``delay`` (seconds) the launcher sleeps first, so measurement never prefers it to the reference.
+    """
 
     def launcher(x: torch.Tensor, scale: float) -> torch.Tensor:
         calls.append(name)
+        if delay:
+            time.sleep(delay)
         return x * scale
 
     return TritonImpl(name, launcher, **options)
@@ -56,6 +62,11 @@ def make_op(calls: list[str], *impls: TritonImpl, name: str = "kgtest_scale") ->
 def cpu_reason() -> str:
     """The reason a CPU call without the interpreter takes the reference on this machine."""
     return str(Reason.CPU_TENSORS if backend.status().gpu else Reason.NO_GPU_DRIVER)
+
+
+def reload_env(env: dict[str, str]) -> kernelgate.Settings:
+    """reload_settings(env), keeping this test's decision-cache directory (never the user's cache)."""
+    return kernelgate.reload_settings({"KERNELGATE_CACHE_DIR": str(kernelgate.settings().cache_dir), **env})
 
 
 def fallback_warnings(record: list[warnings.WarningMessage]) -> list[warnings.WarningMessage]:
@@ -119,7 +130,7 @@ def test_fallback_warns_again_for_a_new_reason_a_new_op_or_after_reset() -> None
 
 @pytest.mark.parametrize(
     "silence",
-    [lambda: kernelgate.configure(warn_fallback=False), lambda: kernelgate.reload_settings({"KERNELGATE_WARN": "0"})],
+    [lambda: kernelgate.configure(warn_fallback=False), lambda: reload_env({"KERNELGATE_WARN": "0"})],
     ids=["configure", "env"],
 )
 def test_warn_off_still_counts(silence: Callable[[], object]) -> None:
@@ -152,12 +163,16 @@ def test_mode_reference_runs_reference_without_recording_a_fallback() -> None:
 
 
 def test_mode_triton_runs_the_implementation() -> None:
-    """Mode "triton" runs an eligible implementation, with reason "mode-triton"."""
+    """Mode "triton" tunes an eligible implementation (reason "tuned"), then runs it from the stored decision."""
     calls: list[str] = []
     op = make_op(calls, fake_impl(calls))
     with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
-        assert op.plan(torch.ones(3), 2.0).reason is Reason.MODE_TRITON
+        plan = op.plan(torch.ones(3), 2.0)
+        assert (plan.name, plan.path, plan.reason) == ("fake", "interpreter", Reason.TUNED)
+        assert "fake" in calls, "tuning gated and timed the implementation"
+        calls.clear()
         assert torch.equal(op(torch.ones(3), 2.0), torch.full((3,), 2.0))
+        assert op.plan(torch.ones(3), 2.0).reason is Reason.CACHED
     assert calls == ["fake"]
 
 
@@ -201,7 +216,7 @@ def test_mode_from_environment() -> None:
     """KERNELGATE_MODE=reference (read by reload_settings) sends calls to the reference."""
     calls: list[str] = []
     op = make_op(calls, fake_impl(calls))
-    kernelgate.reload_settings({"KERNELGATE_MODE": "reference"})
+    reload_env({"KERNELGATE_MODE": "reference"})
     assert kernelgate.settings().mode == "reference"
     with kernelgate.use_interpreter():
         assert _plan_reason(op) is Reason.MODE_REFERENCE
@@ -212,23 +227,25 @@ def test_mode_from_environment() -> None:
 def test_mode_precedence() -> None:
     """Precedence, most specific first: use_mode(op=...), the op's own mode, use_mode() for all ops, KERNELGATE_MODE."""
     calls: list[str] = []
-    op = make_op(calls, fake_impl(calls))
-    kernelgate.reload_settings({"KERNELGATE_MODE": "reference"})
+    # The implementation is far slower than the reference, so the three modes plan three different
+    # reasons: "triton" runs it (tuned, then cached), "auto" measures the reference faster.
+    op = make_op(calls, fake_impl(calls, delay=0.005))
+    reload_env({"KERNELGATE_MODE": "reference"})
     with kernelgate.use_interpreter():
         assert _plan_reason(op) is Reason.MODE_REFERENCE
         with kernelgate.use_mode("triton"):
-            assert _plan_reason(op) is Reason.MODE_TRITON, "use_mode() beats KERNELGATE_MODE"
+            assert _plan_reason(op) is Reason.TUNED, "use_mode() beats KERNELGATE_MODE"
             op.set_mode("reference")
             assert op.mode == "reference"
             assert _plan_reason(op) is Reason.MODE_REFERENCE, "the op's mode beats use_mode()"
             with kernelgate.use_mode("auto", op=op):
-                assert _plan_reason(op) is Reason.FIRST_ELIGIBLE, "use_mode(op=...) beats the op's mode"
+                assert _plan_reason(op) is Reason.REFERENCE_FASTER, "use_mode(op=...) beats the op's mode"
                 with kernelgate.use_mode("reference"):
-                    assert _plan_reason(op) is Reason.FIRST_ELIGIBLE, "an inner use_mode() does not beat op=..."
+                    assert _plan_reason(op) is Reason.REFERENCE_FASTER, "an inner use_mode() does not beat op=..."
             assert _plan_reason(op) is Reason.MODE_REFERENCE, "leaving use_mode(op=...) restores the op's mode"
             op.set_mode(None)
             assert op.mode is None
-            assert _plan_reason(op) is Reason.MODE_TRITON, "set_mode(None) follows the global mode again"
+            assert _plan_reason(op) is Reason.CACHED, "set_mode(None) follows the global mode again"
         assert _plan_reason(op) is Reason.MODE_REFERENCE, "leaving use_mode() restores KERNELGATE_MODE"
 
 
@@ -236,8 +253,9 @@ def test_use_mode_for_one_op_leaves_other_ops_alone() -> None:
     """use_mode(mode, op=name) changes only the op called name."""
     calls: list[str] = []
     mine, other = make_op(calls, fake_impl(calls)), make_op(calls, fake_impl(calls), name="kgtest_other")
+    kernelgate.configure(tune=False)  # the untouched op runs its implementation, untimed
     with kernelgate.use_interpreter(), kernelgate.use_mode("reference", op=other):
-        assert _plan_reason(mine) is Reason.FIRST_ELIGIBLE
+        assert _plan_reason(mine) is Reason.DEFAULT_CONFIG
         assert _plan_reason(other) is Reason.MODE_REFERENCE
         mine(torch.ones(3), 2.0)
         other(torch.ones(3), 2.0)
@@ -274,7 +292,7 @@ def test_modes_are_case_and_space_insensitive() -> None:
 def test_invalid_mode(set_mode: Callable[[], object], source: str) -> None:
     """An unknown mode is a SettingsError (a ValueError) naming its source, the modes and the value received."""
     with pytest.raises(
-        SettingsError, match=rf"^{source} must be one of auto, reference, triton; got 'fast'\. Use 'auto' to let"
+        SettingsError, match=rf"^{source} must be one of auto, reference, triton, check; got 'fast'\. Use 'auto' to let"
     ) as info:
         set_mode()
     assert isinstance(info.value, ValueError)
@@ -333,6 +351,7 @@ def test_limits_admit_inputs_within_them() -> None:
     """Inputs at max_numel, in float16, strided within the limit, or requiring grad under no_grad run the impl."""
     calls: list[str] = []
     op = make_op(calls, fake_impl(calls, max_numel=8))
+    kernelgate.configure(tune=False)  # each call runs the implementation once, untimed
     with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
         op(torch.ones(8), 2.0)
         op(torch.ones(2, 4, dtype=torch.float16), 2.0)
@@ -391,9 +410,10 @@ def test_supports_refusal_tries_the_next_implementation() -> None:
     first = fake_impl(calls, "first", supports=refuse)
     second = fake_impl(calls, "second")
     op = make_op(calls, first, second)
+    kernelgate.configure(tune=False)
     with kernelgate.use_interpreter():
         plan = op.plan(torch.ones(3), 5.0)
-        assert (plan.implementation, plan.reason) == (second, Reason.FIRST_ELIGIBLE)
+        assert (plan.implementation, plan.reason) == (second, Reason.DEFAULT_CONFIG)
         op(torch.ones(3), 5.0)
     assert calls == ["second"]
     assert seen == [(torch.Size([3]), 5.0)] * 2, "supports receives the op's arguments"
@@ -401,7 +421,7 @@ def test_supports_refusal_tries_the_next_implementation() -> None:
 
 
 def test_first_eligible_implementation_in_order() -> None:
-    """The first eligible implementation in declaration order runs; a later one runs when earlier ones refuse."""
+    """With tuning off, the first eligible implementation in declaration order runs; a later one when earlier refuse."""
     calls: list[str] = []
     op = make_op(
         calls,
@@ -409,7 +429,9 @@ def test_first_eligible_implementation_in_order() -> None:
         fake_impl(calls, "any_float"),
         fake_impl(calls, "last"),
     )
+    kernelgate.configure(tune=False)
     with kernelgate.use_interpreter():
+        assert op.plan(torch.ones(3), 2.0).reason is Reason.DEFAULT_CONFIG
         op(torch.ones(3, dtype=torch.float16), 2.0)
         op(torch.ones(3), 2.0)
         assert op.plan(torch.ones(3, dtype=torch.float64), 2.0).detail.startswith("half_only handles")
@@ -417,16 +439,29 @@ def test_first_eligible_implementation_in_order() -> None:
 
 
 def test_plan_runs_nothing() -> None:
-    """plan() returns the chosen Plan without calling the launcher, the reference, or recording a fallback."""
+    """plan() with tuning off, or for a decided bucket, returns the Plan without running the launcher or reference."""
     calls: list[str] = []
     impl = fake_impl(calls)
     op = make_op(calls, impl)
+    kernelgate.configure(tune=False)
     with kernelgate.use_interpreter():
         plan = op.plan(torch.ones(3), 2.0)
-    assert plan == Plan(impl, Reason.FIRST_ELIGIBLE, "", interpret=True)
-    assert (plan.path, plan.name) == ("interpreter", "fake")
+    assert isinstance(plan, Plan)
+    assert (plan.implementation, plan.reason, plan.interpret, plan.config) == (impl, Reason.DEFAULT_CONFIG, True, None)
+    assert (plan.path, plan.name, plan.device) == ("interpreter", "fake", torch.device("cpu"))
+    assert repr(plan) == (
+        "Plan(path='interpreter', implementation='fake', reason='default-config', "
+        "detail='tuning is off (KERNELGATE_TUNE=off)')"
+    )
     fallback = op.plan(torch.ones(3), 2.0)
     assert (fallback.path, fallback.name) == ("reference", "reference")
+    assert calls == []
+    kernelgate.configure(tune=True)
+    with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
+        op(torch.ones(3), 2.0)  # tunes the bucket and stores the decision
+        calls.clear()
+        decided = op.plan(torch.ones(3), 2.0)
+    assert (decided.name, decided.reason, decided.key) == ("fake", Reason.CACHED, plan.key)
     assert calls == []
     assert kernelgate.fallbacks() == []
 
@@ -472,7 +507,10 @@ def test_real_triton_kernel_runs_on_cpu_through_the_interpreter(shape: tuple[int
     op = add_one_op(calls, outputs, grid_y=2)
     x = torch.randn(shape)
     with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
-        assert op.plan(x).path == "interpreter"
+        plan = op.plan(x)  # tunes: the kernel runs through the interpreter to be gated and timed
+        assert (plan.path, plan.reason) == ("interpreter", Reason.TUNED)
+        calls.clear()
+        outputs.clear()
         y = op(x)
     assert calls == ["launcher"]
     assert y.data_ptr() == outputs[0].data_ptr(), "the result is the kernel's output buffer"
@@ -487,7 +525,8 @@ def test_grid_over_the_hardware_limit_falls_back_without_launching() -> None:
     x = torch.randn(5)
     with kernelgate.use_interpreter(), pytest.warns(FallbackWarning, match=r"\(grid-too-large\)"):
         y = op(x)
-    assert calls == ["launcher", "reference"]
+    # The gate's reference result, the launcher refusing during the gate, the call's reference run.
+    assert calls == ["reference", "launcher", "reference"]
     assert outputs[0].isnan().all(), "the kernel must not have written its output"
     assert_close(y, x + 1)
     [entry] = kernelgate.fallbacks()
@@ -505,7 +544,7 @@ def test_grid_over_the_hardware_limit_in_mode_triton_raises() -> None:
         pytest.raises(TritonUnavailableError, match=r"grid-too-large: grid axis 1 needs 70000 programs"),
     ):
         op(torch.randn(5))
-    assert calls == ["launcher"]
+    assert calls == ["reference", "launcher"], "the gate's reference result, then the launcher refusing"
 
 
 # --- settings ----------------------------------------------------------------------------------
@@ -524,7 +563,7 @@ def test_interpret_from_environment_and_override() -> None:
     """KERNELGATE_INTERPRET=1 interprets the Triton implementations, and use_interpreter(False) overrides it."""
     calls: list[str] = []
     op = make_op(calls, fake_impl(calls))
-    kernelgate.reload_settings({"KERNELGATE_INTERPRET": "yes"})
+    reload_env({"KERNELGATE_INTERPRET": "yes", "KERNELGATE_TUNE": "off"})
     assert op.plan(torch.ones(3), 2.0).path == "interpreter"
     with kernelgate.use_interpreter(False):
         assert str(op.plan(torch.ones(3), 2.0).reason) == cpu_reason()
@@ -533,7 +572,7 @@ def test_interpret_from_environment_and_override() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"unknown": 1}, r"^configure\(\) got unknown setting\(s\) unknown; known: interpret, log_path, mode, "),
+        ({"unknown": 1}, r"^configure\(\) got unknown setting\(s\) unknown; known: cache_dir, check_action, check_every, interpret, "),
         ({"interpret": "yes"}, r"^interpret must be a bool; got 'yes'\.$"),
         ({"warn_fallback": 1}, r"^warn_fallback must be a bool; got 1\.$"),
     ],
@@ -556,6 +595,7 @@ def test_use_mode_rejects_an_unknown_op_name() -> None:
 
 def test_use_mode_by_registered_name() -> None:
     """use_mode(op="softmax") pins the registered op named softmax."""
+    kernelgate.configure(tune=False)
     with kernelgate.use_interpreter(), kernelgate.use_mode("reference", op="softmax"):
         assert kernelgate.softmax.plan(torch.ones(3)).reason is Reason.MODE_REFERENCE
-        assert kernelgate.rms_norm.plan(torch.ones(3), None).reason is Reason.FIRST_ELIGIBLE
+        assert kernelgate.rms_norm.plan(torch.ones(3), None).reason is Reason.DEFAULT_CONFIG

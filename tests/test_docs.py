@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +17,12 @@ def _python_blocks(path: Path) -> str:
     return "\n".join(re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S))
 
 
+def _fresh_env(cache_dir: Path) -> dict[str, str]:
+    """The environment without KERNELGATE_* settings, with an empty decision cache (never the user's)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELGATE_")}
+    return {**env, "KERNELGATE_CACHE_DIR": str(cache_dir)}
+
+
 @pytest.mark.parametrize("page", ["docs/first-op.md", "README.md"])
 def test_page_code_runs(page: str, tmp_path: Path) -> None:
     """Every python block of the page, run in order in a fresh process, finishes without error."""
@@ -23,19 +30,23 @@ def test_page_code_runs(page: str, tmp_path: Path) -> None:
     assert code.strip(), f"{page} has no python code block"
     script = tmp_path / "page.py"  # Triton needs the kernels' source in a real file
     script.write_text(code)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=_fresh_env(tmp_path), timeout=600
+    )
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def test_first_op_page_prints_what_it_says() -> None:
+def test_first_op_page_prints_what_it_says(tmp_path: Path) -> None:
     """The first-op page's comments match what its code prints (plan, fallback record, error text)."""
     code = _python_blocks(ROOT / "docs/first-op.md")
     script = ROOT / "docs" / "_first_op_check.py"
     try:
         script.write_text(code)
-        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600).stdout
+        out = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=_fresh_env(tmp_path), timeout=600
+        ).stdout
     finally:
         script.unlink(missing_ok=True)
-    assert "implementation='flat', reason='first-eligible')" in out
+    assert "implementation='flat', reason='tuned')" in out
     assert "reason='dtype-unsupported', count=1" in out
     assert "relu_squared(): argument 'x' must have dtype float16, bfloat16, float32 or float64; got int64." in out

@@ -90,7 +90,7 @@ def test_reference_call_row(tmp_path: Path) -> None:
 def test_interpreted_triton_call_row(tmp_path: Path) -> None:
     """An interpreted Triton call's row names the implementation, path "interpreter", the kernel, grid and BLOCK_N."""
     path = tmp_path / "log.csv"
-    kernelgate.configure(log_path=path)
+    kernelgate.configure(log_path=path, tune=False)  # no tuning rows: each call runs its default config
     x = torch.randn(3, 5)
     with kernelgate.use_interpreter():
         y = kernelgate.softmax(x)
@@ -102,7 +102,7 @@ def test_interpreted_triton_call_row(tmp_path: Path) -> None:
         "implementation": "single_block",
         "path": "interpreter",
         "mode": "auto",
-        "reason": "first-eligible",
+        "reason": "default-config: tuning is off (KERNELGATE_TUNE=off)",
         "shapes": "[3, 5]",
         "dtypes": "float32",
     }
@@ -117,15 +117,31 @@ def test_interpreted_triton_call_row(tmp_path: Path) -> None:
 
 
 def test_mode_triton_and_auto_fallback_rows(tmp_path: Path) -> None:
-    """Mode "triton" logs reason "mode-triton"; an auto fallback logs path "reference" with its reason and detail."""
+    """Mode "triton" logs a "tune" row per candidate and a "tune-winner" row before its call row (reason "tuned").
+
+    An auto fallback logs path "reference" with its reason and detail, and no tuning rows.
+    """
     path = tmp_path / "log.csv"
     kernelgate.configure(log_path=path, warn_fallback=False)
     with kernelgate.use_interpreter():
         with kernelgate.use_mode("triton"):
             kernelgate.softmax(torch.randn(2, 3))
         kernelgate.softmax(torch.randn(2, 3, dtype=torch.float64))
-    triton_row, fallback_row = rows_of(path)
-    assert (triton_row["mode"], triton_row["path"], triton_row["reason"]) == ("triton", "interpreter", "mode-triton")
+    # Rows of 3 hold one block of 16, which only num_warps=1 fills; the looped kernel is pruned.
+    tune_row, winner_row, triton_row, fallback_row = rows_of(path)
+    assert {k: tune_row[k] for k in ("op", "implementation", "config", "path", "reason", "mode")} == {
+        "op": "softmax",
+        "implementation": "single_block",
+        "config": "num_warps=1",
+        "path": "tune",
+        "reason": "pass",
+        "mode": "triton",
+    }
+    assert float(tune_row["wall_us"]) > 0, "a passing candidate's row holds its measured time"
+    assert (winner_row["path"], winner_row["implementation"], winner_row["shapes"]) == ("tune-winner", "reference", "[2, 3]")
+    assert winner_row["reason"].startswith("reference "), winner_row["reason"]
+    assert (triton_row["mode"], triton_row["path"], triton_row["reason"]) == ("triton", "interpreter", "tuned")
+    assert triton_row["implementation"] == "single_block"
     assert (fallback_row["mode"], fallback_row["path"], fallback_row["implementation"]) == (
         "auto",
         "reference",
@@ -140,7 +156,7 @@ def test_mode_triton_and_auto_fallback_rows(tmp_path: Path) -> None:
 def test_copy_of_a_non_contiguous_input_is_noted(tmp_path: Path) -> None:
     """A transposed input copied by the launcher is noted in the reason column; a row-strided one is not copied."""
     path = tmp_path / "log.csv"
-    kernelgate.configure(log_path=path)
+    kernelgate.configure(log_path=path, tune=False)  # the rows of the calls alone
     transposed = torch.randn(5, 3).t()
     sliced = torch.randn(3, 8)[:, :5]
     with kernelgate.use_interpreter():
@@ -149,8 +165,9 @@ def test_copy_of_a_non_contiguous_input_is_noted(tmp_path: Path) -> None:
     assert_close(y_transposed, torch.softmax(transposed, -1), reduction_length=5)
     assert_close(y_sliced, torch.softmax(sliced, -1), reduction_length=5)
     transposed_row, sliced_row = rows_of(path)
-    assert transposed_row["reason"] == "first-eligible; copied x: last dimension has stride 3"
-    assert sliced_row["reason"] == "first-eligible"
+    tuning_off = "default-config: tuning is off (KERNELGATE_TUNE=off)"
+    assert transposed_row["reason"] == f"{tuning_off}; copied x: last dimension has stride 3"
+    assert sliced_row["reason"] == tuning_off
 
 
 def test_switching_paths_keeps_one_header_per_file(tmp_path: Path) -> None:

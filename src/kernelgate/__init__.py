@@ -36,11 +36,11 @@ from kernelgate.errors import (
 from kernelgate.launch import (
     LazyKernel,
     as_contiguous,
-    empty,
-    empty_like,
     as_rows,
     block_size,
     cdiv,
+    empty,
+    empty_like,
     launch,
     next_power_of_2,
     num_warps_for,

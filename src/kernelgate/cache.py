@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelgate.errors import CacheWarning
+from kernelgate.errors import CacheWarning, user_stacklevel
 
 __all__ = ["SCHEMA", "DecisionCache", "decision_cache", "default_cache_dir"]
 
@@ -49,7 +49,7 @@ class DecisionCache:
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
             self._warned.add(what)
-            warnings.warn(f"kernelgate: {message}", CacheWarning, stacklevel=4)
+            warnings.warn(f"kernelgate: {message}", CacheWarning, stacklevel=user_stacklevel())
 
     def _read_file(self) -> dict[str, dict[str, Any]]:
         try:

@@ -19,7 +19,7 @@ import torch
 
 from kernelgate.cache import decision_cache, default_cache_dir
 from kernelgate.config import config_label
-from kernelgate.errors import CheckError, CheckWarning
+from kernelgate.errors import CheckError, CheckWarning, user_stacklevel
 from kernelgate.selection import compare
 
 if TYPE_CHECKING:
@@ -89,4 +89,4 @@ def check_result(
         )
         cache.put(plan.key, entry)
         op.clear_memo()
-    warnings.warn(report + " This bucket now runs the reference.", CheckWarning, stacklevel=4)
+    warnings.warn(report + " This bucket now runs the reference.", CheckWarning, stacklevel=user_stacklevel())

@@ -1,10 +1,18 @@
-"""The ``kernelgate`` command: ``doctor`` (what runs here and why) and ``demo`` (the ops at work).
+"""The ``kernelgate`` command.
+
+Commands:
+    doctor                 versions, Triton target, and the path each op takes here and why
+    demo                   run the built-in ops, check them against their references, time them
+    tune                   decide shape buckets ahead of time and save the decisions
+    cache show|export|import|clear
+                           inspect, ship or reset the decision cache
+    replay FILE            re-run a case saved by check mode and compare it with the reference
 
 Exit codes:
     0  success: everything checked ran and every result matched its reference.
-    1  a problem was found: a result did not match its reference, or a GPU is present but Triton
-       cannot use it (``doctor`` says why).
-    2  usage error (unknown command or option).
+    1  a problem was found: a result did not match its reference, a tune spec failed, or a GPU is
+       present but Triton cannot use it (``doctor`` says why).
+    2  usage error (unknown command, bad option, unreadable file).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import platform
 import statistics
 import subprocess
@@ -27,6 +36,7 @@ from rich.table import Table
 
 import kernelgate
 from kernelgate import backend
+from kernelgate.cache import decision_cache, default_cache_dir
 from kernelgate.op import Op, registered_ops
 from kernelgate.tolerance import assert_close
 
@@ -71,11 +81,11 @@ def doctor(console: Console) -> int:
     problem = False
     for op in registered_ops():
         impls = ", ".join(i.name for i in op.implementations) or "-"
-        if op.example is None:
-            ops.add_row(op.name, impls, "-", "-", "no example inputs declared")
+        if op.make_inputs is None:
+            ops.add_row(op.name, impls, "-", "-", "no make_inputs declared")
             continue
         try:
-            plan = op.plan(*op.example(device))
+            plan = op.explain(*op.make_inputs((64, 1000), torch.float32, device))
         except Exception as err:  # doctor reports; it does not crash on a broken op
             problem = True
             ops.add_row(op.name, impls, "[red]error[/red]", "-", f"{type(err).__name__}: {err}")
@@ -198,6 +208,131 @@ def demo(console: Console, log: Path, repeats: int) -> int:
     return EXIT_PROBLEM if failures else EXIT_OK
 
 
+def tune_command(console: Console, args: argparse.Namespace) -> int:
+    """``kernelgate tune``: decide the given (op, shape, dtype) buckets, with a progress bar."""
+    from rich.progress import Progress
+
+    from kernelgate.tuning import TuneResult, TuneSpec, load_specs, tune_specs
+
+    try:
+        specs = load_specs(args.file) if args.file else []
+        names = args.ops or ([] if args.file else [op.name for op in registered_ops()])
+        specs += [TuneSpec.parse(op, shape, dtype) for op in names for shape in args.shape for dtype in args.dtype]
+    except (ValueError, KeyError, OSError) as err:
+        console.print(f"[red]kernelgate tune: {err}[/red]")
+        return EXIT_USAGE
+    if not specs:
+        console.print("[red]kernelgate tune: nothing to tune; give --shape (and ops), or --file[/red]")
+        return EXIT_USAGE
+    device = torch.device("cpu") if args.interpret else best_device()
+    table = Table(title=f"kernelgate tune on {device} ({backend.device_name(device)})")
+    for column in ("op", "shape", "dtype", "status", "implementation", "config", "reason", "seconds"):
+        table.add_column(column)
+    with kernelgate.use_interpreter(args.interpret), Progress(console=console, transient=True) as progress:
+        task = progress.add_task("tuning", total=len(specs))
+
+        def show(result: TuneResult) -> None:
+            progress.advance(task)
+            plan, spec = result.plan, result.spec
+            config = ",".join(f"{k}={v}" for k, v in sorted(plan.config.items())) if plan and plan.config else "-"
+            reason = (
+                f"{plan.reason}: {plan.detail}" if plan and plan.detail else str(plan.reason) if plan else result.detail
+            )
+            table.add_row(
+                spec.op,
+                "x".join(map(str, spec.shape)),
+                str(spec.dtype).removeprefix("torch."),
+                result.status,
+                plan.name if plan else "-",
+                config,
+                reason,
+                f"{result.seconds:.1f}",
+            )
+
+        results = tune_specs(specs, device, budget_s=args.budget_s, on_result=show)
+    console.print(table)
+    console.print(f"decisions saved in {kernelgate.settings().cache_dir or default_cache_dir()}")
+    return EXIT_PROBLEM if any(r.status == "error" for r in results) else EXIT_OK
+
+
+def cache_command(console: Console, args: argparse.Namespace) -> int:
+    """``kernelgate cache show|export|import|clear``."""
+    from kernelgate.op import clear_memos
+
+    cache = decision_cache(kernelgate.settings().cache_dir)
+    if args.action == "show":
+        table = Table(title=f"decision cache {cache.path}")
+        for column in ("op", "bucket", "dtypes", "layout", "device", "implementation", "config", "reason", "source"):
+            table.add_column(column)
+        for key, entry in sorted(cache.entries().items()):
+            try:
+                parts = json.loads(key)
+                op, bucket, dtypes, layout, device = parts[0], parts[1], parts[2], parts[3], parts[5]
+            except (ValueError, IndexError, TypeError):
+                op, bucket, dtypes, layout, device = "?", key, "", "", ""
+            config = entry.get("config")
+            table.add_row(
+                str(op),
+                str(bucket),
+                ",".join(map(str, dtypes)),
+                ",".join(map(str, layout)),
+                str(device),
+                str(entry.get("implementation")),
+                ",".join(f"{k}={v}" for k, v in sorted(config.items())) if isinstance(config, dict) else "-",
+                str(entry.get("reason", "")),
+                str(entry.get("source", "")),
+            )
+        console.print(table)
+        console.print(f"{len(cache.entries())} decision(s)")
+        return EXIT_OK
+    if args.action == "clear":
+        console.print(f"removed {cache.clear()} decision(s) from {cache.path}")
+        clear_memos()
+        return EXIT_OK
+    if args.path is None:
+        console.print(f"[red]kernelgate cache {args.action}: give the file path[/red]")
+        return EXIT_USAGE
+    try:
+        if args.action == "export":
+            console.print(f"wrote {cache.export(args.path)} decision(s) to {args.path}")
+        else:
+            console.print(f"imported {cache.import_file(args.path)} decision(s) from {args.path} into {cache.path}")
+            clear_memos()
+    except (OSError, ValueError) as err:
+        console.print(f"[red]kernelgate cache {args.action}: {err}[/red]")
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def replay_command(console: Console, path: Path) -> int:
+    """``kernelgate replay FILE``: run a saved check-mode case again; exit 1 while it still mismatches."""
+    from kernelgate.op import get_op
+    from kernelgate.selection import compare, run_candidate
+
+    try:
+        case = torch.load(path, weights_only=False)
+        op = get_op(case["op"])
+    except (OSError, KeyError, RuntimeError) as err:
+        console.print(f"[red]kernelgate replay: cannot use {path}: {err}[/red]")
+        return EXIT_USAGE
+    device = best_device() if any(d and d != "cpu" for d in case["devices"]) else torch.device("cpu")
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in case["args"])
+    impl = next((i for i in op.implementations if i.name == case["implementation"]), None)
+    if impl is None:
+        console.print(f"[red]kernelgate replay: {op.name} has no implementation {case['implementation']!r} now[/red]")
+        return EXIT_USAGE
+    config = impl.configs.validate(case["config"]) if impl.configs is not None else None
+    interpret = bool(case["interpret"]) or device.type == "cpu"
+    expected = op.reference(*args)
+    mismatch = compare(run_candidate(impl, config, args, interpret, poison=True), expected, op.reduction_length(*args))
+    label = f"{op.name} {impl.name} config {case['config']} on {device}"
+    if mismatch is None:
+        console.print(f"[green]{label}: matches the reference now[/green]")
+        return EXIT_OK
+    console.print(f"[red]{label}: still differs from the reference: {mismatch}[/red]")
+    return EXIT_PROBLEM
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kernelgate", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -207,6 +342,18 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("demo", help="run the built-in ops, check them against their references, time them")
     run.add_argument("--log", type=Path, default=Path("kernelgate-demo.csv"), help="CSV launch log to append to")
     run.add_argument("--repeats", type=int, default=5, help="timed runs per case (median reported)")
+    tune = commands.add_parser("tune", help="decide shape buckets ahead of time and save the decisions")
+    tune.add_argument("ops", nargs="*", help="ops to tune (default: every registered op)")
+    tune.add_argument("--shape", action="append", default=[], help="main tensor shape, e.g. 4096x4096 (repeatable)")
+    tune.add_argument("--dtype", action="append", default=None, help="float32, float16, bfloat16 (repeatable)")
+    tune.add_argument("--file", type=Path, help='JSON list of {"op", "shape", "dtype"} objects')
+    tune.add_argument("--budget-s", type=float, default=None, help="start no new spec after this many seconds")
+    tune.add_argument("--interpret", action="store_true", help="tune the interpreter on the CPU (for tests)")
+    cache = commands.add_parser("cache", help="show, export, import or clear the decision cache")
+    cache.add_argument("action", choices=("show", "export", "import", "clear"))
+    cache.add_argument("path", nargs="?", type=Path, help="file to export to or import from")
+    replay = commands.add_parser("replay", help="re-run a case saved by check mode")
+    replay.add_argument("file", type=Path)
     return parser
 
 
@@ -219,6 +366,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     if args.command == "doctor":
         return doctor(console)
+    if args.command == "tune":
+        args.dtype = args.dtype or ["float32"]
+        return tune_command(console, args)
+    if args.command == "cache":
+        return cache_command(console, args)
+    if args.command == "replay":
+        return replay_command(console, args.file)
     if args.repeats < 1:
         console.print(f"[red]--repeats must be >= 1; got {args.repeats}[/red]")
         return EXIT_USAGE

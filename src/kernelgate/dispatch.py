@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kernelgate.config import Config, config_label
-from kernelgate.errors import FallbackWarning, SettingsError
+from kernelgate.errors import FallbackWarning, SettingsError, user_stacklevel
 from kernelgate.settings import Mode, parse_mode
 
 if TYPE_CHECKING:
@@ -188,20 +188,30 @@ _counts: dict[tuple[str, str], int] = {}
 _details: dict[tuple[str, str], str] = {}
 
 
+def fallback_key(op_name: str, plan: Plan) -> tuple[str, str]:
+    """The counter key of a fallback plan: (op, reason); precomputed by memoised routes."""
+    return (op_name, str(plan.reason))
+
+
 def record_fallback(op_name: str, plan: Plan, warn: bool) -> None:
     """Count a fallback and warn the first time this (op, reason) is seen."""
-    key = (op_name, str(plan.reason))
+    count_fallback((op_name, str(plan.reason)), plan, warn)
+
+
+def count_fallback(key: tuple[str, str], plan: Plan, warn: bool) -> None:
+    """Count a fallback under ``key`` = (op, reason); warn the first time the key is seen."""
     with _lock:
-        first = key not in _counts
-        _counts[key] = _counts.get(key, 0) + 1
-        _details[key] = plan.detail
-    if first and warn:
+        count = _counts.get(key)
+        _counts[key] = 1 if count is None else count + 1
+        if count is None:
+            _details[key] = plan.detail
+    if count is None and warn:
         warnings.warn(
-            f"kernelgate: {op_name} ran the reference implementation ({plan.reason}): {plan.detail}. "
+            f"kernelgate: {key[0]} ran the reference implementation ({plan.reason}): {plan.detail}. "
             f"This warning is shown once per op and reason; kernelgate.fallbacks() counts them, "
             f"KERNELGATE_WARN=0 silences it.",
             FallbackWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
 

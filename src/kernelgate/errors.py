@@ -28,6 +28,9 @@ Messages name the argument, what was expected, what was received and how to fix 
 
 from __future__ import annotations
 
+import os
+import sys
+
 __all__ = [
     "CacheWarning",
     "CheckError",
@@ -100,3 +103,16 @@ class CacheWarning(KernelgateWarning):
 
 class CheckWarning(KernelgateWarning):
     """Check mode found a mismatch and, as configured, demoted the decision to the reference."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning point at the first caller outside kernelgate."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level

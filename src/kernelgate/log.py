@@ -17,7 +17,7 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kernelgate.errors import LogWriteWarning
+from kernelgate.errors import LogWriteWarning, user_stacklevel
 
 try:
     import fcntl
@@ -106,7 +106,7 @@ class _Log:
                     f"kernelgate: cannot write the launch log {str(path)!r} ({err}); the log is off for the rest "
                     f"of this process. Point KERNELGATE_LOG (or configure(log_path=...)) at a writable file.",
                     LogWriteWarning,
-                    stacklevel=5,  # _Log.write, write, Op._log, Op.__call__, the caller
+                    stacklevel=user_stacklevel(),
                 )
 
 

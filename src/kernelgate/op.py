@@ -15,7 +15,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib
 import inspect
 import json
 import re
@@ -35,12 +37,22 @@ from kernelgate.bucket import pow2, stride_class
 from kernelgate.cache import decision_cache
 from kernelgate.config import Config, ConfigSpace, config_label
 from kernelgate.contract import ArgSpec, TensorArg, check_inputs, validate_specs
-from kernelgate.dispatch import Plan, Reason, effective_interpret, effective_mode, record_fallback
-from kernelgate.errors import CacheWarning, DeclarationError, InputTypeError, TritonUnavailableError
+from kernelgate.dispatch import (
+    Plan,
+    Reason,
+    _interpret,
+    _mode_all,
+    _mode_ops,
+    count_fallback,
+    effective_interpret,
+    effective_mode,
+    fallback_key,
+    record_fallback,
+)
+from kernelgate.errors import CacheWarning, DeclarationError, InputTypeError, TritonUnavailableError, user_stacklevel
 from kernelgate.launch import LazyKernel, Unsupported, call_state
 from kernelgate.selection import clone_args, tune
 from kernelgate.settings import Mode, Settings, parse_mode, settings
-from kernelgate.settings import generation as settings_generation
 
 __all__ = ["HALF_AND_FLOAT", "Op", "TritonImpl", "get_op", "registered_ops"]
 
@@ -144,6 +156,9 @@ class TritonImpl:
 
 
 _source_hashes: dict[int, str] = {}
+# The settings module itself (the package re-exports a function of the same name): the hot path
+# reads its current settings and generation without a function call.
+_settings_module = importlib.import_module("kernelgate.settings")
 
 
 def _index_extent(t: torch.Tensor) -> int:
@@ -194,7 +209,8 @@ class Op:
         reduction_length: ``reduction_length(*args) -> int``: how many inputs each output
             reduces over, which scales the tolerance; default 1.
         mutates: names of tensor arguments the op writes in place; tuning runs on copies of them.
-        example: builds small valid arguments on a device, for ``kernelgate doctor`` and ``tune``.
+        make_inputs: ``make_inputs(shape, dtype, device) -> args``: valid random arguments whose
+            main tensor has ``shape``, for ``kernelgate doctor``, ``tune`` and ``bench``.
         register: add the op to the registry (``registered_ops``, the CLI).
         replace: allow replacing a registered op of the same name (for notebooks that re-run).
     """
@@ -209,7 +225,7 @@ class Op:
         bucket: Callable[..., tuple[Any, ...]] | None = None,
         reduction_length: Callable[..., int] | None = None,
         mutates: Sequence[str] = (),
-        example: Callable[[torch.device], tuple[Any, ...]] | None = None,
+        make_inputs: Callable[[tuple[int, ...], torch.dtype, torch.device], tuple[Any, ...]] | None = None,
         register: bool = True,
         replace: bool = False,
     ) -> None:
@@ -243,12 +259,13 @@ class Op:
         self.reduction_length: Callable[..., int] = reduction_length or (lambda *args: 1)
         self.mutates = tuple(mutates)
         self.mutated_positions = tuple(i for i, s in enumerate(self.args) if s.name in self.mutates)
-        self.example = example
+        self.make_inputs = make_inputs
         self.mode: Mode | None = None
         self._names = tuple(p.name for p in params)
         self._defaults = {p.name: p.default for p in params if p.default is not p.empty}
         self._tensor_positions = tuple(i for i, s in enumerate(self.args) if isinstance(s, TensorArg))
-        self._memo: dict[tuple[Any, ...], Plan] = {}
+        self._memo: dict[tuple[Any, ...], _Route] = {}
+        self._arity = len(params)
         self._calls = 0
         self.__signature__ = inspect.signature(reference)
         self.__doc__ = reference.__doc__
@@ -317,17 +334,16 @@ class Op:
         mode = effective_mode(self.name, self.mode, current.mode)
         return self._resolve(values, mode, effective_interpret(current.interpret), current)
 
-    def _signature(self, values: tuple[Any, ...], mode: Mode, interpret: bool) -> tuple[Any, ...]:
-        """Everything the plan depends on, cheap to compute; equal signatures get equal plans."""
-        key: list[Any] = [mode, interpret, settings_generation(), torch.is_grad_enabled()]
-        for v in values:
-            if isinstance(v, torch.Tensor):
-                key.append((v.dtype, v.shape, v.stride(), v.device, v.requires_grad))
-            else:
-                key.append((type(v), v))
-        return tuple(key)
+    def explain(self, *args: Any, **kwargs: Any) -> Plan:
+        """Like :meth:`plan`, but never tunes: an untuned bucket reports its default configuration."""
+        values = self._bind(args, kwargs)
+        current = settings()
+        mode = effective_mode(self.name, self.mode, current.mode)
+        return self._resolve(values, mode, effective_interpret(current.interpret), current, allow_tune=False)
 
-    def _resolve(self, values: tuple[Any, ...], mode: Mode, interpret: bool, current: Settings) -> Plan:
+    def _resolve(
+        self, values: tuple[Any, ...], mode: Mode, interpret: bool, current: Settings, allow_tune: bool = True
+    ) -> Plan:
         """Validate the inputs and choose the path (without the memo)."""
         device = check_inputs(self.name, self.args, values)
         eligible, refusal = self._eligible(values, device, mode, interpret)
@@ -339,7 +355,7 @@ class Op:
         cache = decision_cache(current.cache_dir)
         entry = self._valid_entry(cache.get(key), key)
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if entry is None and current.tune and not capturing:
+        if entry is None and current.tune and not capturing and allow_tune:
             try:
                 entry, results = tune(self, values, device, eligible, interpret, current.tune_margin)
             except Unsupported as err:
@@ -353,7 +369,12 @@ class Op:
             reason = Reason.CACHED
         if entry is None:
             impl = eligible[0]
-            detail = "a CUDA graph is being captured" if capturing else "tuning is off (KERNELGATE_TUNE=off)"
+            if capturing:
+                detail = "a CUDA graph is being captured"
+            elif not current.tune:
+                detail = "tuning is off (KERNELGATE_TUNE=off)"
+            else:
+                detail = "no decision is cached for this bucket yet; the first call tunes it"
             return Plan(impl, Reason.DEFAULT_CONFIG, detail, interpret, impl.default_for(values), key, device)
         winner, best = entry["winner"], entry["best"]
         if mode == "triton":
@@ -487,7 +508,7 @@ class Op:
                     f"kernelgate: ignoring a decision-cache entry for {self.name} that does not fit its declaration "
                     f"({err}); the bucket is tuned again.",
                     CacheWarning,
-                    stacklevel=4,
+                    stacklevel=user_stacklevel(),
                 )
             return None
 
@@ -509,23 +530,52 @@ class Op:
     # --- the call path ----------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        values = self._bind(args, kwargs)
-        current = settings()
-        mode = effective_mode(self.name, self.mode, current.mode)
-        interpret = effective_interpret(current.interpret)
-        memo_key: tuple[Any, ...] | None = self._signature(values, mode, interpret)
+        # The hot path: everything a plan depends on is read cheaply into a signature, and a
+        # signature seen before skips validation and planning. Kept flat on purpose (each Python
+        # call costs about 0.1 us, and the whole path aims at about 2 us).
+        values = args if not kwargs and len(args) == self._arity else self._bind(args, kwargs)
+        current = _settings_module._current or settings()
+        per_op = _mode_ops.get()
+        mode = (per_op.get(self.name) if per_op else None) or self.mode or _mode_all.get() or current.mode
+        interpret = _interpret.get()
+        if interpret is None:
+            interpret = current.interpret
+        signature = [mode, interpret, _settings_module._generation, torch.is_grad_enabled()]
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                signature.append((v.dtype, v.shape, v.stride(), v.device, v.requires_grad))
+            else:
+                signature.append((type(v), v))
+        memo_key: tuple[Any, ...] | None = tuple(signature)
         try:
-            plan = self._memo.get(memo_key)  # type: ignore[arg-type]
+            route = self._memo.get(memo_key)  # type: ignore[arg-type]
         except TypeError:  # an unhashable argument: the contract rejects it below
-            plan, memo_key = None, None
-        if plan is None:
-            plan = self._resolve(values, mode, interpret, current)
+            route, memo_key = None, None
+        if route is None:
+            route = _Route(self.name, self._resolve(values, mode, interpret, current))
             # A default config chosen while tuning is on (during graph capture) is not remembered,
             # so the bucket is tuned on the first call outside the capture.
-            if memo_key is not None and not (plan.reason is Reason.DEFAULT_CONFIG and current.tune):
+            if memo_key is not None and not (route.plan.reason is Reason.DEFAULT_CONFIG and current.tune):
                 if len(self._memo) >= MEMO_LIMIT:
                     self._memo = {}
-                self._memo[memo_key] = plan
+                self._memo[memo_key] = route
+        if current.log_path is None and mode != "check":
+            if route.run is not None:
+                try:
+                    if route.guard_index is None or route.guard_index == torch.cuda.current_device():
+                        return route.run(*values)
+                    with torch.cuda.device(route.guard_index):
+                        return route.run(*values)
+                except Unsupported as err:
+                    return self._run_reference(Plan(None, err.reason, err.detail), values, mode, current, 0.0)
+            if route.reference_ok and mode != "triton":
+                if route.fallback_key is not None:
+                    count_fallback(route.fallback_key, route.plan, current.warn_fallback)
+                return self.reference(*values)
+        return self._call_slow(route.plan, values, mode, current)
+
+    def _call_slow(self, plan: Plan, values: tuple[Any, ...], mode: Mode, current: Settings) -> Any:
+        """A call that logs, checks, interprets or runs the reference."""
         log_path = current.log_path
         start = time.perf_counter() if log_path is not None else 0.0
         if plan.implementation is not None:
@@ -542,6 +592,9 @@ class Op:
                 if log_path is not None:
                     self._log(log_path, plan, mode, values, start, launches, notes)
                 return result
+        return self._run_reference(plan, values, mode, current, start)
+
+    def _run_reference(self, plan: Plan, values: tuple[Any, ...], mode: Mode, current: Settings, start: float) -> Any:
         if mode == "triton" and plan.reason is not Reason.MODE_REFERENCE:
             raise TritonUnavailableError(
                 f"{self.name}(): mode 'triton' was requested, but no Triton implementation can run these inputs: "
@@ -550,8 +603,8 @@ class Op:
         if plan.is_fallback:
             record_fallback(self.name, plan, current.warn_fallback)
         result = self.reference(*values)
-        if log_path is not None:
-            self._log(log_path, plan, mode, values, start, [], [])
+        if current.log_path is not None:
+            self._log(current.log_path, plan, mode, values, start or time.perf_counter(), [], [])
         return result
 
     def _run_triton(self, plan: Plan, values: tuple[Any, ...], logging: bool) -> tuple[Any, list[Any], list[str]]:
@@ -684,6 +737,29 @@ class Op:
 
 
 MEMO_LIMIT = 4096
+
+
+class _Route:
+    """A memoised plan with what the hot path needs precomputed."""
+
+    __slots__ = ("fallback_key", "guard_index", "plan", "reference_ok", "run")
+
+    def __init__(self, op_name: str, plan: Plan) -> None:
+        self.plan = plan
+        self.reference_ok = plan.implementation is None
+        self.fallback_key = fallback_key(op_name, plan) if plan.is_fallback else None
+        impl, device = plan.implementation, plan.device
+        self.run: Callable[..., Any] | None = None
+        self.guard_index: int | None = None
+        if impl is not None and device is not None and not plan.interpret:
+            self.run = (
+                functools.partial(impl.launcher, config=plan.config) if impl.configs is not None else impl.launcher
+            )
+            # With several GPUs the launch must happen on the tensors' device, not the current one.
+            if device.type == "cuda" and torch.cuda.device_count() > 1:
+                self.guard_index = device.index if device.index is not None else torch.cuda.current_device()
+
+
 _warned_entries: set[str] = set()
 _all_ops: weakref.WeakSet[Op] = weakref.WeakSet()
 

@@ -89,8 +89,10 @@ def _row_length(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> int
     return int(x.shape[-1])
 
 
-def _example(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
-    return torch.randn(64, 1000, device=device), torch.randn(1000, device=device), 1e-6
+def _make_inputs(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    return torch.randn(shape, device=device).to(dtype), torch.randn(shape[-1], device=device).to(dtype), 1e-6
 
 
 rms_norm = Op(
@@ -122,5 +124,5 @@ rms_norm = Op(
     ),
     bucket=_bucket,
     reduction_length=_row_length,
-    example=_example,
+    make_inputs=_make_inputs,
 )

@@ -73,8 +73,8 @@ def _bucket(x: torch.Tensor, dim: int) -> tuple[int, int, bool]:
     return pow2(x.numel() // max(n, 1)), pow2(n), aligned16(n)
 
 
-def _example(device: torch.device) -> tuple[torch.Tensor, int]:
-    return torch.randn(64, 1000, device=device), -1
+def _make_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, int]:
+    return torch.randn(shape, device=device).to(dtype), -1
 
 
 softmax = Op(
@@ -102,5 +102,5 @@ softmax = Op(
     ),
     bucket=_bucket,
     reduction_length=_row_length,
-    example=_example,
+    make_inputs=_make_inputs,
 )

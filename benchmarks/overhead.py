@@ -1,0 +1,96 @@
+"""Host cost of a kernelgate call on a cache hit, against calling the launcher or the reference directly.
+
+For each op: N asynchronous calls, then one synchronise, divided by N; the median of several such
+rounds. On a GPU the op takes its Triton path (decision cached before timing) and is compared with
+calling the same launcher with the same configuration directly; on a CPU it takes the reference
+path and is compared with calling the reference directly. Writes a JSON file with provenance.
+
+    python benchmarks/overhead.py --out benchmarks/results/h200/overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import kernelgate
+from kernelgate import backend
+from kernelgate.selection import run_candidate
+
+
+def per_call_us(fn: Callable[[], object], device: torch.device, calls: int, rounds: int) -> float:
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    for _ in range(200):
+        fn()
+    sync()
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--calls", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kernelgate.configure(warn_fallback=False)
+    rows: list[dict[str, Any]] = []
+    for op, shape in ((kernelgate.softmax, (64, 4096)), (kernelgate.rms_norm, (64, 4096)), (kernelgate.softmax, (1, 128))):
+        assert op.make_inputs is not None
+        values = op.make_inputs(shape, dtype, device)
+        with kernelgate.use_mode("triton" if device.type == "cuda" else "auto"):
+            plan = op.plan(*values)  # tunes the bucket once; later calls hit the cache
+            ours = per_call_us(lambda: op(*values), device, args.calls, args.rounds)
+        if plan.implementation is not None:
+            impl, config = plan.implementation, plan.config
+            direct = per_call_us(lambda: run_candidate(impl, config, values, False, False), device, args.calls, args.rounds)
+            baseline = "launcher"
+        else:
+            direct = per_call_us(lambda: op.reference(*values), device, args.calls, args.rounds)
+            baseline = "reference"
+        rows.append({
+            "op": op.name, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
+            "path": plan.path, "implementation": plan.name, "baseline": baseline,
+            "kernelgate_us": round(ours, 3), "direct_us": round(direct, 3), "overhead_us": round(ours - direct, 3),
+        })
+        print(f"{op.name:9} {'x'.join(map(str, shape)):9} {plan.path:10} kernelgate {ours:8.2f} us  "
+              f"{baseline} {direct:8.2f} us  overhead {ours - direct:6.2f} us")
+    result = {
+        "benchmark": "host cost per call on a cache hit",
+        "method": f"{args.calls} asynchronous calls then one synchronize, per-call mean; median of {args.rounds} rounds",
+        "device": backend.device_name(device), "capability": backend.capability(device),
+        "torch": torch.__version__, "triton": backend.triton_version(), "python": platform.python_version(),
+        "kernelgate_commit": commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On a GPU machine: the whole test suite (kernels compiled), then demo, tune, a second process on
+# the warm cache, and the overhead benchmark. Everything is written under $1 (default ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-gpu-out}
+mkdir -p "$out"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=160
+export KERNELGATE_CACHE_DIR=$out/cache
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; git rev-parse --short HEAD 2>/dev/null;
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$out/provenance.txt"
+python3 -m pytest tests src -q -p no:cacheprovider -rs > "$out/pytest.log" 2>&1; echo "pytest rc=$?" >> "$out/pytest.log"
+tail -3 "$out/pytest.log"
+python3 -m kernelgate doctor > "$out/doctor.txt" 2>&1
+( time python3 -m kernelgate demo --log "$out/demo.csv" --repeats 50 ) > "$out/demo.txt" 2>&1
+( time python3 -m kernelgate tune softmax rms_norm --shape 16384x4096 --shape 4096x32768 --shape 65536x1024 \
+    --shape 1x4096 --shape 64x4096 --shape 512x4096 --dtype bfloat16 --dtype float32 ) > "$out/tune.txt" 2>&1
+( time python3 -m kernelgate demo --log "$out/demo-warm.csv" --repeats 50 ) > "$out/demo-warm.txt" 2>&1
+python3 -m kernelgate cache show > "$out/cache.txt" 2>&1
+python3 benchmarks/overhead.py --out "$out/overhead.json" > "$out/overhead.txt" 2>&1
+tail -n 25 "$out/demo.txt" "$out/tune.txt" "$out/demo-warm.txt" "$out/overhead.txt"

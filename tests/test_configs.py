@@ -1,0 +1,114 @@
+"""Every configuration of every built-in Triton implementation is correct, and tuning works with them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernelgate
+from kernelgate.config import LAUNCH_OPTIONS
+from kernelgate.op import TritonImpl
+from kernelgate.selection import compare, run_candidate
+
+# (op, shape of the main tensor): a row in one block, and a row longer than any looped block.
+CASES = [
+    (kernelgate.softmax, (3, 100)),
+    (kernelgate.softmax, (2, 20000)),
+    (kernelgate.rms_norm, (3, 100)),
+    (kernelgate.rms_norm, (2, 20000)),
+]
+
+
+def _distinct_for(impl: TritonImpl, values: tuple[object, ...], interpret: bool) -> list[object]:
+    """The configurations to run; the interpreter ignores launch options, so it runs one per kernel parameter set."""
+    configs = impl.candidate_configs(values)
+    if not interpret:
+        return configs
+    seen, kept = set(), []
+    for config in configs:
+        key = tuple(sorted((k, v) for k, v in (config or {}).items() if k not in LAUNCH_OPTIONS))
+        if key not in seen:
+            seen.add(key)
+            kept.append(config)
+    return kept
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("op", "shape"), CASES, ids=[f"{op.name}-{'x'.join(map(str, s))}" for op, s in CASES])
+def test_every_config_matches_the_reference(
+    target: torch.device, op: kernelgate.Op, shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """Each implementation that accepts the shape gives the reference's result under every configuration it keeps."""
+    interpret = target.type == "cpu"
+    assert op.make_inputs is not None
+    values = op.make_inputs(shape, dtype, target)
+    expected = op.reference(*values)
+    ran = 0
+    for impl in op.implementations:
+        if impl.supports is not None and impl.supports(*values) is not None:
+            continue
+        for config in _distinct_for(impl, values, interpret):
+            result = run_candidate(impl, config, values, interpret, poison=True)
+            assert compare(result, expected, op.reduction_length(*values)) is None, (impl.name, config)
+            ran += 1
+    assert ran >= 1
+
+
+@pytest.mark.gpu
+def test_tuning_on_the_gpu_then_reuse_in_a_fresh_process(tmp_path: Path) -> None:
+    """On the GPU the first call of a bucket tunes, later calls and a new shape in the bucket reuse it, and
+    a fresh process with the same cache times nothing."""
+    kernelgate.configure(cache_dir=tmp_path, log_path=tmp_path / "log.csv")
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    first = kernelgate.softmax.plan(x)
+    assert first.reason in (kernelgate.Reason.TUNED, kernelgate.Reason.REFERENCE_FASTER)
+    again = kernelgate.softmax.plan(torch.randn(3000, 4096, device="cuda", dtype=torch.bfloat16))
+    assert again.reason in (kernelgate.Reason.CACHED, kernelgate.Reason.REFERENCE_FASTER)
+    assert (again.name, again.config) == (first.name, first.config)
+    tune_rows = [line for line in (tmp_path / "log.csv").read_text().splitlines() if ",tune," in line]
+    assert len(tune_rows) >= 2  # every candidate of the one tuned bucket is logged, once
+    script = (
+        "import torch, kernelgate, json;"
+        f"kernelgate.configure(cache_dir={str(tmp_path)!r}, log_path={str(tmp_path / 'log2.csv')!r});"
+        "x = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16);"
+        "p = kernelgate.softmax.plan(x); y = kernelgate.softmax(x); torch.cuda.synchronize();"
+        "print(json.dumps([str(p.reason), p.name]))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=600)
+    reason, name = json.loads(out.stdout.strip().splitlines()[-1])
+    assert name == first.name and reason in ("cached", "reference-faster")
+    assert ",tune," not in (tmp_path / "log2.csv").read_text()
+
+
+@pytest.mark.gpu
+def test_no_tuning_or_sync_while_a_cuda_graph_is_captured(tmp_path: Path) -> None:
+    """During CUDA graph capture a new bucket takes its default configuration without tuning, the log says so,
+    and the replayed graph computes the reference's result."""
+    kernelgate.configure(cache_dir=tmp_path, log_path=tmp_path / "log.csv")
+    x = torch.randn(512, 2048, device="cuda", dtype=torch.float16)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        kernelgate.configure(log_path=None)
+        with kernelgate.use_mode("triton"):
+            # Triton compiles on first launch, which capture forbids: warm the default config up first.
+            kernelgate.configure(tune=False)
+            kernelgate.softmax(x)
+            kernelgate.configure(tune=True, log_path=tmp_path / "log.csv")
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, stream=stream):
+                y = kernelgate.softmax(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    kernelgate.tolerance.assert_close(y, torch.softmax(x, -1), reduction_length=2048)
+    log = (tmp_path / "log.csv").read_text()
+    assert "default-config" in log and "CUDA graph" in log and ",tune," not in log
+    decisions = tmp_path / "decisions-v1.json"
+    assert not decisions.exists() or json.loads(decisions.read_text())["entries"] == {}

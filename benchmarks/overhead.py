@@ -11,6 +11,7 @@ path and is compared with calling the reference directly. Writes a JSON file wit
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -25,27 +26,36 @@ import torch
 
 import kernelgate
 from kernelgate import backend
-from kernelgate.selection import run_candidate
 
 
-def per_call_us(fn: Callable[[], object], device: torch.device, calls: int, rounds: int) -> float:
+def interleaved_us(
+    ours: Callable[[], object], direct: Callable[[], object], device: torch.device, calls: int, rounds: int
+) -> tuple[float, float, float]:
+    """Per-call cost of each function, rounds alternating between them; medians, and the median paired difference."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    for _ in range(200):
-        fn()
-    sync()
-    samples = []
-    for _ in range(rounds):
+
+    def one_round(fn: Callable[[], object]) -> float:
+        sync()
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         sync()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(samples)
+        return (time.perf_counter() - start) / calls * 1e6
+
+    for fn in (ours, direct):
+        one_round(fn)  # warm-up
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(one_round(ours))
+        b.append(one_round(direct))
+    return statistics.median(a), statistics.median(b), statistics.median(x - y for x, y in zip(a, b, strict=True))
 
 
 def commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -54,38 +64,60 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--calls", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     kernelgate.configure(warn_fallback=False)
     rows: list[dict[str, Any]] = []
-    for op, shape in ((kernelgate.softmax, (64, 4096)), (kernelgate.rms_norm, (64, 4096)), (kernelgate.softmax, (1, 128))):
+    for op, shape in (
+        (kernelgate.softmax, (64, 4096)),
+        (kernelgate.rms_norm, (64, 4096)),
+        (kernelgate.softmax, (1, 128)),
+    ):
         assert op.make_inputs is not None
         values = op.make_inputs(shape, dtype, device)
         with kernelgate.use_mode("triton" if device.type == "cuda" else "auto"):
             plan = op.plan(*values)  # tunes the bucket once; later calls hit the cache
-            ours = per_call_us(lambda: op(*values), device, args.calls, args.rounds)
-        if plan.implementation is not None:
             impl, config = plan.implementation, plan.config
-            direct = per_call_us(lambda: run_candidate(impl, config, values, False, False), device, args.calls, args.rounds)
-            baseline = "launcher"
-        else:
-            direct = per_call_us(lambda: op.reference(*values), device, args.calls, args.rounds)
-            baseline = "reference"
-        rows.append({
-            "op": op.name, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
-            "path": plan.path, "implementation": plan.name, "baseline": baseline,
-            "kernelgate_us": round(ours, 3), "direct_us": round(direct, 3), "overhead_us": round(ours - direct, 3),
-        })
-        print(f"{op.name:9} {'x'.join(map(str, shape)):9} {plan.path:10} kernelgate {ours:8.2f} us  "
-              f"{baseline} {direct:8.2f} us  overhead {ours - direct:6.2f} us")
+            if impl is not None:
+                call = functools.partial(impl.launcher, config=config) if config is not None else impl.launcher
+                direct, baseline = functools.partial(call, *values), "launcher"
+            else:
+                direct, baseline = functools.partial(op.reference, *values), "reference"
+            ours, theirs, overhead = interleaved_us(
+                functools.partial(op, *values), direct, device, args.calls, args.rounds
+            )
+        rows.append(
+            {
+                "op": op.name,
+                "shape": list(shape),
+                "dtype": str(dtype).removeprefix("torch."),
+                "path": plan.path,
+                "implementation": plan.name,
+                "baseline": baseline,
+                "kernelgate_us": round(ours, 3),
+                "direct_us": round(theirs, 3),
+                "overhead_us": round(overhead, 3),
+            }
+        )
+        print(
+            f"{op.name:9} {'x'.join(map(str, shape)):9} {plan.path:10} kernelgate {ours:8.2f} us  "
+            f"{baseline} {theirs:8.2f} us  overhead (median paired difference) {overhead:6.2f} us"
+        )
     result = {
         "benchmark": "host cost per call on a cache hit",
-        "method": f"{args.calls} asynchronous calls then one synchronize, per-call mean; median of {args.rounds} rounds",
-        "device": backend.device_name(device), "capability": backend.capability(device),
-        "torch": torch.__version__, "triton": backend.triton_version(), "python": platform.python_version(),
-        "kernelgate_commit": commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "method": (
+            f"{args.calls} asynchronous calls then one synchronize, per-call mean; {args.rounds} rounds alternating "
+            f"kernelgate and the direct call; medians, and the median of the paired differences as the overhead"
+        ),
+        "device": backend.device_name(device),
+        "capability": backend.capability(device),
+        "torch": torch.__version__,
+        "triton": backend.triton_version(),
+        "python": platform.python_version(),
+        "kernelgate_commit": commit(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

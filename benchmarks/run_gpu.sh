@@ -10,7 +10,7 @@ export KERNELGATE_CACHE_DIR=$out/cache
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; git rev-parse --short HEAD 2>/dev/null;
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$out/provenance.txt"
 python3 -m pytest tests src -q -p no:cacheprovider -rs > "$out/pytest.log" 2>&1; echo "pytest rc=$?" >> "$out/pytest.log"
-tail -3 "$out/pytest.log"
+grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.log" | tail -15
 python3 -m kernelgate doctor > "$out/doctor.txt" 2>&1
 ( time python3 -m kernelgate demo --log "$out/demo.csv" --repeats 50 ) > "$out/demo.txt" 2>&1
 ( time python3 -m kernelgate tune softmax rms_norm --shape 16384x4096 --shape 4096x32768 --shape 65536x1024 \
@@ -18,4 +18,5 @@ python3 -m kernelgate doctor > "$out/doctor.txt" 2>&1
 ( time python3 -m kernelgate demo --log "$out/demo-warm.csv" --repeats 50 ) > "$out/demo-warm.txt" 2>&1
 python3 -m kernelgate cache show > "$out/cache.txt" 2>&1
 python3 benchmarks/overhead.py --out "$out/overhead.json" > "$out/overhead.txt" 2>&1
-tail -n 25 "$out/demo.txt" "$out/tune.txt" "$out/demo-warm.txt" "$out/overhead.txt"
+tail -n 12 "$out/demo-warm.txt"; cat "$out/overhead.txt"
+tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"

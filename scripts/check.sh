@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
-"$bin/ruff" check src tests docs
-"$bin/ruff" format --check src tests docs
+"$bin/ruff" check src tests docs benchmarks
+"$bin/ruff" format --check src tests docs benchmarks
 "$bin/mypy"
 "$bin/python" -m pytest src tests docs "$@"

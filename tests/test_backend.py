@@ -197,23 +197,29 @@ def notes() -> Any:
     call_state.notes = saved
 
 
-def test_as_rows_views_a_contiguous_tensor(notes: list[str]) -> None:
-    """A contiguous (2, 3, 4) tensor becomes a (6, 4) view of the same memory, with no note."""
+def _matrix(rows: Any) -> torch.Tensor:
+    """The rows as a (n_rows, n_cols) tensor read through the pointer and stride a kernel would use."""
+    return rows.tensor.as_strided((rows.n_rows, rows.n_cols), (rows.stride, 1))
+
+
+def test_as_rows_keeps_a_contiguous_tensor(notes: list[str]) -> None:
+    """A contiguous (2, 3, 4) tensor is used as is: 6 rows of 4, 4 apart, same memory, no note."""
     t = torch.arange(24.0).view(2, 3, 4)
     rows = as_rows(t, "x")
-    assert rows.shape == (6, 4)
-    assert rows.data_ptr() == t.data_ptr() and rows._base is not None
+    assert (rows.n_rows, rows.n_cols, rows.stride) == (6, 4, 4)
+    assert rows.tensor.data_ptr() == t.data_ptr()
+    assert torch.equal(_matrix(rows), t.reshape(6, 4))
     assert notes == []
 
 
 def test_as_rows_keeps_the_row_stride(notes: list[str]) -> None:
-    """Rows sliced out of a wider tensor are viewed with their stride kept, not copied."""
+    """Rows sliced out of a wider tensor keep their stride, not copied."""
     base = torch.arange(24.0).view(3, 8)
     t = base[:, :5]
     rows = as_rows(t, "x")
-    assert rows.stride() == (8, 1)
-    assert rows.data_ptr() == base.data_ptr()
-    assert torch.equal(rows, t)
+    assert (rows.n_rows, rows.n_cols, rows.stride) == (3, 5, 8)
+    assert rows.tensor.data_ptr() == base.data_ptr()
+    assert torch.equal(_matrix(rows), t)
     assert notes == []
 
 
@@ -221,8 +227,8 @@ def test_as_rows_copies_a_transposed_tensor_and_notes_it(notes: list[str]) -> No
     """A transposed tensor, whose last dimension is strided, is copied contiguous and the copy is noted."""
     t = torch.arange(15.0).view(5, 3).t()
     rows = as_rows(t, "x")
-    assert rows.is_contiguous() and rows.data_ptr() != t.data_ptr()
-    assert torch.equal(rows, t)
+    assert rows.tensor.is_contiguous() and rows.tensor.data_ptr() != t.data_ptr()
+    assert torch.equal(_matrix(rows), t)
     assert notes == ["copied x: last dimension has stride 3"]
 
 
@@ -230,15 +236,15 @@ def test_as_rows_copies_unmergeable_leading_dimensions_and_notes_it(notes: list[
     """Leading dimensions that cannot be merged into one row index force a noted copy."""
     t = torch.arange(24.0).view(2, 3, 4)[:, :2, :]
     rows = as_rows(t, "w")
-    assert rows.shape == (4, 4) and rows.is_contiguous()
-    assert torch.equal(rows, t.reshape(4, 4))
+    assert (rows.n_rows, rows.n_cols) == (4, 4) and rows.tensor.is_contiguous()
+    assert torch.equal(_matrix(rows), t.reshape(4, 4))
     assert notes == ["copied w: leading dimensions of strides (12, 4) cannot be merged"]
 
 
 def test_as_rows_of_a_zero_dim_tensor(notes: list[str]) -> None:
-    """A 0-dim tensor becomes a (1, 1) matrix."""
+    """A 0-dim tensor is one row of one element."""
     rows = as_rows(torch.tensor(2.5), "x")
-    assert rows.shape == (1, 1) and rows.item() == 2.5
+    assert (rows.n_rows, rows.n_cols, rows.stride) == (1, 1, 1)
     assert notes == []
 
 
@@ -246,5 +252,5 @@ def test_as_rows_without_a_note_list() -> None:
     """Outside a logged call (notes is None) as_rows still copies, recording nothing."""
     assert call_state.notes is None
     t = torch.arange(6.0).view(2, 3).t()
-    assert torch.equal(as_rows(t, "x"), t)
+    assert torch.equal(_matrix(as_rows(t, "x")), t)
     assert call_state.notes is None

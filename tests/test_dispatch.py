@@ -572,7 +572,10 @@ def test_interpret_from_environment_and_override() -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"unknown": 1}, r"^configure\(\) got unknown setting\(s\) unknown; known: cache_dir, check_action, check_every, interpret, "),
+        (
+            {"unknown": 1},
+            r"^configure\(\) got unknown setting\(s\) unknown; known: cache_dir, check_action, check_every, interpret, ",
+        ),
         ({"interpret": "yes"}, r"^interpret must be a bool; got 'yes'\.$"),
         ({"warn_fallback": 1}, r"^warn_fallback must be a bool; got 1\.$"),
     ],

@@ -31,7 +31,12 @@ def test_page_code_runs(page: str, tmp_path: Path) -> None:
     script = tmp_path / "page.py"  # Triton needs the kernels' source in a real file
     script.write_text(code)
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=_fresh_env(tmp_path), timeout=600
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_fresh_env(tmp_path),
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
 

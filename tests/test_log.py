@@ -138,7 +138,11 @@ def test_mode_triton_and_auto_fallback_rows(tmp_path: Path) -> None:
         "mode": "triton",
     }
     assert float(tune_row["wall_us"]) > 0, "a passing candidate's row holds its measured time"
-    assert (winner_row["path"], winner_row["implementation"], winner_row["shapes"]) == ("tune-winner", "reference", "[2, 3]")
+    assert (winner_row["path"], winner_row["implementation"], winner_row["shapes"]) == (
+        "tune-winner",
+        "reference",
+        "[2, 3]",
+    )
     assert winner_row["reason"].startswith("reference "), winner_row["reason"]
     assert (triton_row["mode"], triton_row["path"], triton_row["reason"]) == ("triton", "interpreter", "tuned")
     assert triton_row["implementation"] == "single_block"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -21,6 +21,7 @@ from kernelgate import backend
 
 __all__ = [
     "LazyKernel",
+    "Rows",
     "Unsupported",
     "as_contiguous",
     "as_rows",
@@ -131,22 +132,39 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
         backend.launch_compiled(kernel, grid, args, meta)
 
 
-def as_rows(t: torch.Tensor, name: str) -> torch.Tensor:
-    """View ``t`` as a matrix ``(rows, t.shape[-1])`` whose rows are contiguous.
+class Rows(NamedTuple):
+    """A tensor seen as a matrix of contiguous rows: pass ``tensor`` as the pointer, ``stride`` apart."""
 
-    Any row stride is kept (kernels take ``stride_xm``); only a tensor whose last dimension is
-    strided, or whose leading dimensions cannot be merged, is copied, and the copy is recorded.
-    A 0-dim tensor becomes a ``(1, 1)`` matrix.
+    tensor: torch.Tensor
+    n_rows: int
+    n_cols: int
+    stride: int
+
+
+def as_rows(t: torch.Tensor, name: str) -> Rows:
+    """``t`` seen as ``(rows, t.shape[-1])`` with contiguous rows ``stride`` elements apart.
+
+    No view is made when none is needed (a contiguous tensor, or a 2-D one with unit last stride:
+    any row stride is kept). Only a tensor whose last dimension is strided, or whose leading
+    dimensions cannot be merged, is copied, and the copy is recorded. A 0-dim tensor is one row.
+
+    >>> r = as_rows(torch.zeros(4, 10)[:, :3], "x"); (r.n_rows, r.n_cols, r.stride)
+    (4, 3, 10)
     """
     n = t.shape[-1] if t.dim() else 1
     if t.dim() and t.stride(-1) != 1 and n > 1:
         _note(f"copied {name}: last dimension has stride {t.stride(-1)}")
         t = t.contiguous()
+    if t.dim() == 2:
+        return Rows(t, t.shape[0], n, t.stride(0) if t.shape[0] > 1 else n)
+    if t.is_contiguous():
+        return Rows(t, t.numel() // n if n else 0, n, n)
     try:
-        return t.view(-1, n)
+        view = t.view(-1, n)
     except RuntimeError:
         _note(f"copied {name}: leading dimensions of strides {t.stride()[:-1]} cannot be merged")
-        return t.contiguous().view(-1, n)
+        view = t.contiguous().view(-1, n)
+    return Rows(view, view.shape[0], n, view.stride(0) if view.shape[0] > 1 else n)
 
 
 def empty(shape: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -51,23 +51,22 @@ def _run_rows(
 ) -> torch.Tensor:
     rows = as_rows(x, "x")
     w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
-    y = empty(rows.shape, dtype=x.dtype, device=x.device)
-    n_rows, n_cols = rows.shape
+    y = empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
     launch(
         kernel,
-        (n_rows,),
-        rows,
-        rows if w is None else w,  # any pointer: the kernel reads no weight without HAS_WEIGHT
+        (rows.n_rows,),
+        rows.tensor,
+        rows.tensor if w is None else w,  # any pointer: the kernel reads no weight without HAS_WEIGHT
         y,
-        rows.stride(0),
-        y.stride(0),
-        n_cols,
+        rows.stride,
+        rows.n_cols,
+        rows.n_cols,
         eps,
         HAS_WEIGHT=w is not None,
         BLOCK_N=block,
         num_warps=num_warps,
     )
-    return y.view(x.shape)
+    return y
 
 
 def _launch_single_block(

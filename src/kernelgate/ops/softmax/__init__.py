@@ -51,13 +51,22 @@ def _prune_looped(config: Config, x: torch.Tensor, dim: int) -> bool:
 
 
 def _run_rows(x: torch.Tensor, dim: int, kernel: LazyKernel, block: int, num_warps: int) -> torch.Tensor:
-    moved = x.movedim(dim, -1) if x.dim() else x
+    last = x.dim() == 0 or dim in (-1, x.dim() - 1)
+    moved = x if last else x.movedim(dim, -1)
     rows = as_rows(moved, "x")
-    y = empty(rows.shape, dtype=x.dtype, device=x.device)
-    n_rows, n_cols = rows.shape
-    launch(kernel, (n_rows,), rows, y, rows.stride(0), y.stride(0), n_cols, BLOCK_N=block, num_warps=num_warps)
-    y = y.view(moved.shape)
-    return y.movedim(-1, dim) if x.dim() else y
+    y = empty(moved.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
+    launch(
+        kernel,
+        (rows.n_rows,),
+        rows.tensor,
+        y,
+        rows.stride,
+        rows.n_cols,
+        rows.n_cols,
+        BLOCK_N=block,
+        num_warps=num_warps,
+    )
+    return y if last else y.movedim(-1, dim)
 
 
 def _launch_single_block(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:

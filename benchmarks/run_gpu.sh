@@ -5,6 +5,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-out}
 mkdir -p "$out"
+# Installs the console script (the tests check it); no network is needed for an editable install.
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || cat "$out/install.log"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=160
 export KERNELGATE_CACHE_DIR=$out/cache
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; git rev-parse --short HEAD 2>/dev/null;

@@ -574,7 +574,7 @@ def test_interpret_from_environment_and_override() -> None:
     [
         (
             {"unknown": 1},
-            r"^configure\(\) got unknown setting\(s\) unknown; known: cache_dir, check_action, check_every, interpret, ",
+            r"^configure\(\) got unknown setting\(s\) unknown; known: cache_dir, check_action, check_every, ",
         ),
         ({"interpret": "yes"}, r"^interpret must be a bool; got 'yes'\.$"),
         ({"warn_fallback": 1}, r"^warn_fallback must be a bool; got 1\.$"),

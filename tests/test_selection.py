@@ -126,7 +126,7 @@ def test_a_tie_goes_to_the_reference_without_a_fallback() -> None:
     calls: list[str] = []
     same = TritonImpl("same", launcher(calls, "same", delay=0.002))
     op = doubling_op("kgsel_tie", calls, same, ref_delay=0.002)
-    kernelgate.configure(tune_margin=0.5)  # the implementation would need half the reference's time
+    kernelgate.configure(tune_margin=0.8)  # the implementation would need a fifth of the reference's time
     x = torch.randn(8)
     with kernelgate.use_interpreter(), warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -135,7 +135,7 @@ def test_a_tie_goes_to_the_reference_without_a_fallback() -> None:
         calls.clear()
         op(x)
     assert (plan.path, plan.reason) == ("reference", Reason.REFERENCE_FASTER)
-    assert "is not faster by 50%" in plan.detail
+    assert "is not faster by 80%" in plan.detail
     assert calls == ["reference"]
     assert of_category(record, FallbackWarning) == []
     assert kernelgate.fallbacks() == []
@@ -163,7 +163,7 @@ def test_a_planted_wrong_kernel_never_wins_even_when_fastest(tmp_path: Path) -> 
     assert calls.count("wrong") == 1, "a mismatching candidate runs once, for the gate, and is never timed"
     [entry] = cache_entries().values()
     assert entry["implementation"] == "right"
-    assert entry["candidates"]["wrong"] == "mismatch"
+    assert entry["candidates"]["wrong"].startswith("mismatch: max abs error")
     assert isinstance(entry["candidates"]["right"], float)
     tune_rows = {r["implementation"]: r["reason"] for r in rows(log, "tune")}
     assert tune_rows["wrong"].startswith("mismatch: max abs error "), tune_rows
@@ -237,7 +237,7 @@ def test_a_crashing_config_is_skipped_and_another_config_wins(tmp_path: Path) ->
         "BLOCK=4": "pass",
     }
     [entry] = cache_entries().values()
-    assert entry["candidates"]["blocked[BLOCK=1]"] == "error"
+    assert entry["candidates"]["blocked[BLOCK=1]"] == "error: RuntimeError: out of resources: BLOCK=1"
     assert (entry["implementation"], entry["config"]) == ("blocked", {"BLOCK": 4})
     assert kernelgate.fallbacks() == []
 
@@ -306,7 +306,7 @@ CALLS = {"launcher": 0, "reference": 0}
 
 def reference(x: torch.Tensor) -> torch.Tensor:
     CALLS["reference"] += 1
-    time.sleep(0.002)
+    time.sleep(0.005)
     return x * 2
 
 
@@ -539,7 +539,7 @@ def _sloppy(x: torch.Tensor, *, config: dict[str, int]) -> torch.Tensor:
 
 
 def test_check_mode_raises_a_report_that_replays(tmp_path: Path) -> None:
-    """Check mode raises CheckError naming op, implementation, config, shapes, error, saved inputs and replay command."""
+    """Check mode raises CheckError naming op, implementation, config, shapes, error, saved inputs, replay command."""
     calls: list[str] = []
     impl = TritonImpl("sloppy", _sloppy, configs=ConfigSpace(BLOCK=(8, 16)))
     op = doubling_op("kgsel_check_raise", calls, impl, ref_delay=0.005)
@@ -672,10 +672,9 @@ def test_tuning_never_writes_into_a_mutated_argument() -> None:
     assert torch.equal(out, x * 2)
 
 
-# --- known defects in src (strict xfail: they turn into failures once fixed, to drop the marker) -
+# --- regressions: defects found and fixed ---------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: a memoised plan keeps reason 'tuned' on every later identical call")
 def test_a_repeated_identical_call_is_logged_as_cached(tmp_path: Path) -> None:
     """The second call with exactly the same arguments measures nothing, so its row says "cached", not "tuned"."""
     calls: list[str] = []
@@ -689,7 +688,6 @@ def test_a_repeated_identical_call_is_logged_as_cached(tmp_path: Path) -> None:
     assert [r["reason"] for r in rows(log, "interpreter")] == ["tuned", "cached"]
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: the call that check mode demotes returns the wrong Triton result")
 def test_the_demoting_call_returns_the_reference_result() -> None:
     """When check mode demotes a bucket, the call that found the mismatch returns the reference's (correct) result."""
     op = doubling_op("kgsel_demote_result", [], TritonImpl("wrong", launcher([], "wrong", compute=lambda x: x * 3)))
@@ -700,7 +698,6 @@ def test_the_demoting_call_returns_the_reference_result() -> None:
     assert torch.equal(y, x * 2)
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: a cached winner is used even where its supports() refuses the inputs")
 def test_a_cached_decision_is_not_applied_to_inputs_its_implementation_refuses() -> None:
     """A bucket decided for even lengths does not run the winner on an odd length its supports() refuses."""
     calls: list[str] = []

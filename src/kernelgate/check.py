@@ -56,11 +56,11 @@ def check_result(
     expected: Any,
     original: tuple[Any, ...],
     current: Settings,
-) -> None:
-    """Compare ``result`` with ``expected``; on a mismatch, report and raise or demote."""
+) -> bool:
+    """Compare ``result`` with ``expected``; on a mismatch, report and raise, or demote and return True."""
     mismatch = compare(result, expected, op.reduction_length(*original))
     if mismatch is None:
-        return
+        return False
     directory = (current.cache_dir or default_cache_dir()) / "failures"
     try:
         saved = str(save_case(op, plan, original, directory))
@@ -90,3 +90,4 @@ def check_result(
         cache.put(plan.key, entry)
         op.clear_memo()
     warnings.warn(report + " This bucket now runs the reference.", CheckWarning, stacklevel=user_stacklevel())
+    return True

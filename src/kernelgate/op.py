@@ -137,9 +137,9 @@ class TritonImpl:
 
     def source_hash(self) -> str:
         """A hash of the kernels' and launcher's source and the config space (imports the kernels)."""
-        cached = _source_hashes.get(id(self))
+        cached = self.__dict__.get("_source_hash")
         if cached is not None:
-            return cached
+            return str(cached)
         digest = hashlib.sha256(repr(self.configs).encode())
         for item in (*self.kernels, self.launcher):
             resolved = item.resolve() if isinstance(item, LazyKernel) else item
@@ -151,11 +151,10 @@ class TritonImpl:
                     src = getattr(resolved, "__qualname__", repr(resolved))
             digest.update(str(src).encode())
         value = digest.hexdigest()[:16]
-        _source_hashes[id(self)] = value
+        object.__setattr__(self, "_source_hash", value)  # computed once; the declaration stays frozen
         return value
 
 
-_source_hashes: dict[int, str] = {}
 # The settings module itself (the package re-exports a function of the same name): the hot path
 # reads its current settings and generation without a function call.
 _settings_module = importlib.import_module("kernelgate.settings")
@@ -353,7 +352,7 @@ class Op:
         assert device is not None
         key = self._decision_key(values, device, interpret)
         cache = decision_cache(current.cache_dir)
-        entry = self._valid_entry(cache.get(key), key)
+        entry = self._valid_entry(cache.get(key), f"{cache.path}:{key}")
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if entry is None and current.tune and not capturing and allow_tune:
             try:
@@ -362,7 +361,7 @@ class Op:
                 return Plan(None, err.reason, err.detail, key=key, device=device)
             cache.put(key, entry)
             self._log_tuning(current, values, device, mode, results, entry)
-            entry = self._valid_entry(entry, key)
+            entry = self._valid_entry(entry, f"{cache.path}:{key}")
             assert entry is not None
             reason: Reason = Reason.TUNED
         else:
@@ -377,6 +376,13 @@ class Op:
                 detail = "no decision is cached for this bucket yet; the first call tunes it"
             return Plan(impl, Reason.DEFAULT_CONFIG, detail, interpret, impl.default_for(values), key, device)
         winner, best = entry["winner"], entry["best"]
+        for choice in (winner, best):
+            if choice is not None and not self._accepts(choice, eligible, values):
+                # The bucket's decision was made on inputs its implementation accepts; these differ
+                # (a refused length, a pruned config), so this call takes the first eligible default.
+                impl = eligible[0]
+                detail = f"the bucket's decision ({choice[0].name}) does not accept these inputs"
+                return Plan(impl, Reason.DEFAULT_CONFIG, detail, interpret, impl.default_for(values), key, device)
         if mode == "triton":
             if best is None:
                 return Plan(None, Reason.GATE_FAILED, entry["reason"], key=key, device=device)
@@ -483,6 +489,13 @@ class Op:
         ]
         return json.dumps(parts, separators=(",", ":"), default=str)
 
+    @staticmethod
+    def _accepts(choice: tuple[TritonImpl, Config | None], eligible: list[TritonImpl], values: tuple[Any, ...]) -> bool:
+        impl, config = choice
+        if impl not in eligible:
+            return False
+        return config is None or impl.prune is None or impl.prune(config, *values)
+
     def _valid_entry(self, entry: Mapping[str, Any] | None, key: str) -> dict[str, Any] | None:
         """The cache entry with its implementations resolved, or ``None`` if absent or invalid (warned once)."""
         if entry is None:
@@ -552,13 +565,18 @@ class Op:
         except TypeError:  # an unhashable argument: the contract rejects it below
             route, memo_key = None, None
         if route is None:
-            route = _Route(self.name, self._resolve(values, mode, interpret, current))
+            plan = self._resolve(values, mode, interpret, current)
+            route = _Route(self.name, plan)
             # A default config chosen while tuning is on (during graph capture) is not remembered,
-            # so the bucket is tuned on the first call outside the capture.
-            if memo_key is not None and not (route.plan.reason is Reason.DEFAULT_CONFIG and current.tune):
+            # so the bucket is tuned on the first call outside the capture. Later calls of a
+            # bucket tuned now report the decision as cached.
+            if memo_key is not None and not (plan.reason is Reason.DEFAULT_CONFIG and current.tune):
                 if len(self._memo) >= MEMO_LIMIT:
                     self._memo = {}
-                self._memo[memo_key] = route
+                tuned = plan.reason is Reason.TUNED
+                self._memo[memo_key] = (
+                    _Route(self.name, dataclasses.replace(plan, reason=Reason.CACHED)) if tuned else route
+                )
         if current.log_path is None and mode != "check":
             if route.run is not None:
                 try:
@@ -588,7 +606,8 @@ class Op:
                 if expected is not None:
                     from kernelgate.check import check_result
 
-                    check_result(self, plan, values, result, expected[0], expected[1], current)
+                    if check_result(self, plan, values, result, expected[0], expected[1], current):
+                        result = self._adopt_reference(values, expected[0])
                 if log_path is not None:
                     self._log(log_path, plan, mode, values, start, launches, notes)
                 return result
@@ -629,6 +648,19 @@ class Op:
         return result, launches, notes
 
     # --- check mode -------------------------------------------------------------------------
+
+    def _adopt_reference(self, values: tuple[Any, ...], expected: Any) -> Any:
+        """After a demotion: the reference's result, written into mutated arguments as the op would."""
+        for i in self.mutated_positions:
+            if isinstance(values[i], torch.Tensor):
+                values[i].copy_(self._reference_mutation(values, i))
+        return expected
+
+    def _reference_mutation(self, values: tuple[Any, ...], i: int) -> torch.Tensor:
+        inputs = clone_args(values, self.mutated_positions)
+        self.reference(*inputs)
+        written: torch.Tensor = inputs[i]
+        return written
 
     def _check_expected(self, values: tuple[Any, ...], current: Settings) -> tuple[Any, tuple[Any, ...]] | None:
         """For a sampled call in check mode: the reference's result and the inputs as they were."""

@@ -222,7 +222,9 @@ def tune(
         else None,
         "reason": why,
         "reference_us": round(reference_us, 2),
-        "candidates": {r.label: (round(r.time_us, 2) if r.time_us is not None else r.verdict) for r in results},
+        "candidates": {
+            r.label: round(r.time_us, 2) if r.time_us is not None else f"{r.verdict}: {r.detail}"[:300] for r in results
+        },
         "source": "tuned",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from kernelgate.dispatch import Plan, use_mode
+from kernelgate.dispatch import Plan, Reason, use_mode
 from kernelgate.op import get_op
 from kernelgate.settings import configure, settings
 
@@ -66,7 +66,7 @@ class TuneResult:
     spec: TuneSpec
     plan: Plan | None
     seconds: float
-    status: str  # "tuned", "cached", "skipped" (over budget), "error"
+    status: str  # "tuned", "cached", "not tunable" (e.g. no GPU), "skipped" (over budget), "error"
     detail: str = ""
 
 
@@ -108,11 +108,14 @@ def tune_specs(
                 try:
                     if op.make_inputs is None:
                         raise ValueError(f"{op.name} declares no make_inputs, so it cannot be tuned from a shape")
+                    values = op.make_inputs(spec.shape, spec.dtype, device)
                     with use_mode("auto"):
-                        plan = op.plan(*op.make_inputs(spec.shape, spec.dtype, device))
-                    status = (
-                        "tuned" if str(plan.reason) == "tuned" else "cached" if str(plan.reason) == "cached" else "-"
-                    )
+                        before = op.explain(*values)
+                        plan = op.plan(*values)
+                    if before.reason is Reason.DEFAULT_CONFIG:
+                        status = "tuned"
+                    else:
+                        status = "cached" if before.key is not None else "not tunable"
                     result = TuneResult(spec, plan, time.monotonic() - began, status)
                 except Exception as err:  # one bad spec does not end the run
                     result = TuneResult(spec, None, time.monotonic() - began, "error", f"{type(err).__name__}: {err}")

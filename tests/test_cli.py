@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from kernelgate import backend
 from kernelgate import log as launch_log
-from kernelgate.cli import EXIT_OK, EXIT_USAGE, main
+from kernelgate.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, main
 
 
 def _gpu_here() -> bool:
@@ -82,3 +83,93 @@ def test_console_script_is_installed() -> None:
     script = Path(sys.executable).with_name("kernelgate")
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "doctor" in result.stdout and "Exit codes" in result.stdout
+
+
+def test_tune_then_cache_show_export_clear_import(tmp_path: Path) -> None:
+    """tune decides buckets (tuned, then cached on a second run); cache show lists them; export, clear and
+    import round-trip them."""
+    first = _run("tune", "softmax", "rms_norm", "--shape", "4x100", "--interpret", cwd=tmp_path)
+    assert first.returncode == EXIT_OK, first.stderr
+    assert first.stdout.count(" tuned ") == 2
+    second = _run("tune", "softmax", "rms_norm", "--shape", "4x100", "--interpret", cwd=tmp_path)
+    assert second.stdout.count(" cached ") == 2 and " tuned " not in second.stdout
+    shown = _run("cache", "show", cwd=tmp_path)
+    assert shown.returncode == EXIT_OK and "2 decision(s)" in shown.stdout and "softmax" in shown.stdout
+    exported = tmp_path / "decisions.json"
+    assert "wrote 2 decision(s)" in _run("cache", "export", str(exported), cwd=tmp_path).stdout
+    assert "removed 2 decision(s)" in _run("cache", "clear", cwd=tmp_path).stdout
+    assert "0 decision(s)" in _run("cache", "show", cwd=tmp_path).stdout
+    assert "imported 2 decision(s)" in _run("cache", "import", str(exported), cwd=tmp_path).stdout
+    again = _run("tune", "softmax", "--shape", "4x100", "--interpret", cwd=tmp_path)
+    assert " cached " in again.stdout
+
+
+def test_tune_from_a_file_and_within_a_budget(tmp_path: Path) -> None:
+    """tune reads specs from a JSON file, and specs not started within --budget-s are skipped, not run."""
+    specs = tmp_path / "specs.json"
+    entries = [
+        {"op": "softmax", "shape": [3, 50], "dtype": "float16"},
+        {"op": "rms_norm", "shape": [3, 50], "dtype": "float32"},
+    ]
+    specs.write_text(json.dumps(entries))
+    done = _run("tune", "--file", str(specs), "--interpret", cwd=tmp_path)
+    assert done.returncode == EXIT_OK and done.stdout.count(" tuned ") == 2
+    skipped = _run(
+        "tune", "softmax", "--shape", "5x60", "--shape", "6x70", "--budget-s", "0", "--interpret", cwd=tmp_path
+    )
+    assert skipped.returncode == EXIT_OK and "skipped" in skipped.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["tune", "softmax", "--shape", "4by100"], "shape must look like 4096x4096"),
+        (["tune", "softmax", "--shape", "4x100", "--dtype", "fp8"], "dtype must be one of float32"),
+        (["tune", "softmx", "--shape", "4x100"], "no op named 'softmx'"),
+        (["tune"], "nothing to tune"),
+        (["cache", "export"], "give the file path"),
+    ],
+)
+def test_tune_and_cache_usage_errors(argv: list[str], message: str, tmp_path: Path) -> None:
+    """Bad tune specs and missing paths exit 2 with a message saying what was expected."""
+    result = _run(*argv, cwd=tmp_path)
+    assert result.returncode == EXIT_USAGE
+    assert message in " ".join(result.stdout.split())
+
+
+def test_cache_import_of_a_foreign_file_is_a_usage_error(tmp_path: Path) -> None:
+    """Importing a file that is not a decision file exits 2 and leaves the cache as it was."""
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text('{"hello": 1}')
+    result = _run("cache", "import", str(foreign), cwd=tmp_path)
+    assert result.returncode == EXIT_USAGE and "not a kernelgate decision file" in result.stdout
+
+
+def test_replay_of_a_saved_case(tmp_path: Path) -> None:
+    """replay re-runs a saved case: exit 0 when the implementation now matches, 1 while it still differs."""
+    import torch
+
+    import kernelgate
+    from kernelgate.check import save_case
+    from kernelgate.dispatch import Plan
+
+    x = torch.randn(3, 40)
+    impl = kernelgate.softmax.implementations[0]
+    good = save_case(
+        kernelgate.softmax, Plan(impl, "cached", config={"num_warps": 4}, interpret=True), (x, -1), tmp_path
+    )
+    assert main(["replay", str(good)]) == EXIT_OK
+
+    def wrong(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    op = kernelgate.Op(
+        "kgcli_replay_wrong",
+        reference=lambda x: x * 2,
+        args=(kernelgate.TensorArg("x"),),
+        implementations=(kernelgate.TritonImpl("wrong", wrong),),
+        replace=True,
+    )
+    bad = save_case(op, Plan(op.implementations[0], "cached", interpret=True), (x,), tmp_path)
+    assert main(["replay", str(bad)]) == EXIT_PROBLEM
+    assert main(["replay", str(tmp_path / "missing.pt")]) == EXIT_USAGE

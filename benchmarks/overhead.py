@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -52,6 +53,8 @@ def interleaved_us(
 
 
 def commit() -> str:
+    if os.environ.get("KERNELGATE_COMMIT"):
+        return os.environ["KERNELGATE_COMMIT"]
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True

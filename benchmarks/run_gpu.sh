@@ -9,7 +9,7 @@ mkdir -p "$out"
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || cat "$out/install.log"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=160
 export KERNELGATE_CACHE_DIR=$out/cache
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; git rev-parse --short HEAD 2>/dev/null;
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; echo "kernelgate commit ${KERNELGATE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}";
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$out/provenance.txt"
 python3 -m pytest tests src -q -p no:cacheprovider -rs > "$out/pytest.log" 2>&1; echo "pytest rc=$?" >> "$out/pytest.log"
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.log" | tail -15

@@ -4,9 +4,10 @@ Modes: ``auto`` runs the fastest correct path measured for the shape bucket (see
 :mod:`kernelgate.selection`) and the reference wherever no Triton implementation can run;
 ``reference`` always runs the reference; ``triton`` runs the fastest Triton candidate that passed
 the correctness gate or raises :class:`~kernelgate.errors.TritonUnavailableError`; ``check`` is
-``auto`` plus a comparison with the reference on sampled calls (:mod:`kernelgate.check`). The mode comes from, most specific
-first: a :func:`use_mode` context naming the op, the op's own ``mode`` attribute, a :func:`use_mode`
-context for all ops, then ``KERNELGATE_MODE``.
+``auto`` plus a comparison with the reference on sampled calls (:mod:`kernelgate.check`).
+
+The mode comes from, most specific first: a :func:`use_mode` context naming the op, the op's own
+``mode`` attribute, a :func:`use_mode` context for all ops, then ``KERNELGATE_MODE``.
 
 Every call that runs the reference in ``auto`` mode is counted per (op, reason), readable with
 :func:`fallbacks`, and warned about once per (op, reason).

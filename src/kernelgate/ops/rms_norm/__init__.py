@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from kernelgate.bucket import aligned16, pow2
-from kernelgate.config import Config, ConfigSpace
+from kernelgate import rowwise
+from kernelgate.config import Config
 from kernelgate.contract import ScalarArg, TensorArg
-from kernelgate.launch import LazyKernel, as_rows, empty, launch, next_power_of_2, num_warps_for
+from kernelgate.launch import LazyKernel, as_rows, empty, launch
 from kernelgate.op import Op, TritonImpl
 from kernelgate.ops.rms_norm.reference import rms_norm_reference
 
@@ -16,34 +16,6 @@ __all__ = ["rms_norm"]
 # The kernels are imported on first launch: `import kernelgate` works without Triton.
 RMS_NORM_FWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_kernel")
 RMS_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_looped_kernel")
-
-# Rows up to this length are held in registers by one program; longer rows loop.
-MAX_SINGLE_BLOCK = 16384
-# Elements each thread holds per block: more spills registers.
-MAX_PER_THREAD = 64
-
-
-def _single_block(x: torch.Tensor) -> int:
-    return next_power_of_2(max(x.shape[-1], 16))
-
-
-def _fits_one_block(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> str | None:
-    n = x.shape[-1]
-    return None if n <= MAX_SINGLE_BLOCK else f"rows of {n} exceed one block of {MAX_SINGLE_BLOCK}"
-
-
-def _per_thread_ok(block: int, num_warps: int) -> bool:
-    """No more elements per thread than registers hold, and no warp without an element (beyond one)."""
-    return block // (32 * num_warps) <= MAX_PER_THREAD and (num_warps == 1 or block >= 32 * num_warps)
-
-
-def _prune_single_block(config: Config, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> bool:
-    return _per_thread_ok(_single_block(x), config["num_warps"])
-
-
-def _prune_looped(config: Config, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> bool:
-    block = config["BLOCK_N"]
-    return block <= next_power_of_2(x.shape[-1]) and _per_thread_ok(block, config["num_warps"])
 
 
 def _run_rows(
@@ -72,7 +44,7 @@ def _run_rows(
 def _launch_single_block(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> torch.Tensor:
-    return _run_rows(x, weight, eps, RMS_NORM_FWD, _single_block(x), config["num_warps"])
+    return _run_rows(x, weight, eps, RMS_NORM_FWD, rowwise.single_block(x.shape[-1]), config["num_warps"])
 
 
 def _launch_looped(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config) -> torch.Tensor:
@@ -81,7 +53,7 @@ def _launch_looped(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e
 
 def _bucket(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[int, int, bool, bool]:
     n = x.shape[-1]
-    return pow2(x.numel() // max(n, 1)), pow2(n), aligned16(n), weight is not None
+    return (*rowwise.row_bucket(x.numel() // max(n, 1), n), weight is not None)
 
 
 def _row_length(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> int:
@@ -107,18 +79,18 @@ rms_norm = Op(
             "single_block",
             _launch_single_block,
             (RMS_NORM_FWD,),
-            supports=_fits_one_block,
-            configs=ConfigSpace(num_warps=(1, 2, 4, 8, 16, 32)),
-            default_config=lambda x, weight, eps: {"num_warps": num_warps_for(_single_block(x))},
-            prune=_prune_single_block,
+            supports=lambda x, weight, eps: rowwise.fits_one_block(x.shape[-1]),
+            configs=rowwise.SINGLE_BLOCK_CONFIGS,
+            default_config=lambda x, weight, eps: rowwise.single_block_default(x.shape[-1]),
+            prune=lambda config, x, weight, eps: rowwise.prune_single_block(config, x.shape[-1]),
         ),
         TritonImpl(
             "looped",
             _launch_looped,
             (RMS_NORM_FWD_LOOPED,),
-            configs=ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16)),
-            default_config={"BLOCK_N": 4096, "num_warps": 8},
-            prune=_prune_looped,
+            configs=rowwise.LOOPED_CONFIGS,
+            default_config=rowwise.LOOPED_DEFAULT,
+            prune=lambda config, x, weight, eps: rowwise.prune_looped(config, x.shape[-1]),
         ),
     ),
     bucket=_bucket,

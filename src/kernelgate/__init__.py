@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from kernelgate import bucket, tolerance
+from kernelgate import bucket, nn, tolerance
 from kernelgate.config import Config, ConfigSpace
 from kernelgate.contract import FLOAT_DTYPES, DimArg, ScalarArg, TensorArg
 from kernelgate.dispatch import FallbackRecord, Plan, Reason, fallbacks, reset_fallbacks, use_interpreter, use_mode
@@ -46,8 +46,9 @@ from kernelgate.launch import (
     num_warps_for,
     unsupported,
 )
+from kernelgate.library import Backward
 from kernelgate.op import HALF_AND_FLOAT, Op, TritonImpl, get_op, registered_ops
-from kernelgate.ops import rms_norm, softmax
+from kernelgate.ops import rms_norm, rms_norm_backward, softmax, softmax_backward
 from kernelgate.settings import Settings, configure, reload_settings, settings
 
 try:
@@ -58,6 +59,7 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree (P
 __all__ = [
     "FLOAT_DTYPES",
     "HALF_AND_FLOAT",
+    "Backward",
     "CacheWarning",
     "CheckError",
     "CheckWarning",
@@ -97,13 +99,16 @@ __all__ = [
     "get_op",
     "launch",
     "next_power_of_2",
+    "nn",
     "num_warps_for",
     "registered_ops",
     "reload_settings",
     "reset_fallbacks",
     "rms_norm",
+    "rms_norm_backward",
     "settings",
     "softmax",
+    "softmax_backward",
     "tolerance",
     "unsupported",
     "use_interpreter",

@@ -118,6 +118,12 @@ def capability(device: torch.device) -> str:
     return ""
 
 
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """How many multiprocessors (SMs, or compute units) a CUDA or ROCm device has."""
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:
     """Launch a ``@triton.jit`` kernel compiled for the current device."""
     kernel[grid](*args, **meta)

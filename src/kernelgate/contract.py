@@ -46,6 +46,7 @@ class TensorArg:
         sizes: ``{dim: (other_tensor, other_dim)}``: this tensor's size in ``dim`` must equal the
             other tensor's size in ``other_dim`` (negative dims count from the end).
         optional: whether ``None`` is accepted.
+        same_shape_as: name of an earlier tensor argument whose shape this one must have.
     """
 
     name: str
@@ -54,6 +55,7 @@ class TensorArg:
     min_rank: int = 0
     sizes: Mapping[int, tuple[str, int]] = dataclasses.field(default_factory=dict)
     optional: bool = False
+    same_shape_as: str | None = None
 
     def __post_init__(self) -> None:
         if not self.dtypes or not all(isinstance(d, torch.dtype) for d in self.dtypes):
@@ -106,6 +108,7 @@ def validate_specs(op_name: str, specs: Sequence[ArgSpec], param_names: Sequence
     earlier_tensors: set[str] = set()
     for spec in specs:
         refs = [other for other, _ in spec.sizes.values()] if isinstance(spec, TensorArg) else []
+        refs += [spec.same_shape_as] if isinstance(spec, TensorArg) and spec.same_shape_as else []
         refs += [spec.of] if isinstance(spec, DimArg) else []
         optional = {s.name for s in specs if isinstance(s, TensorArg) and s.optional}
         if isinstance(spec, DimArg) and spec.of in optional:
@@ -152,6 +155,13 @@ def _check_tensor(op: str, spec: TensorArg, value: Any, values: Mapping[str, Any
             f"{op}(): argument {spec.name!r} must have at least {spec.min_rank} dimension(s); got {ndim} "
             f"(shape {_shape(value)}). Add the missing dimension(s), e.g. {spec.name}.unsqueeze(0)."
         )
+    if spec.same_shape_as is not None and values[spec.same_shape_as] is not None:
+        other = values[spec.same_shape_as]
+        if value.shape != other.shape:
+            raise InputValueError(
+                f"{op}(): argument {spec.name!r} must have the shape of {spec.same_shape_as!r}, "
+                f"{_shape(other)}; got {_shape(value)}. Pass tensors of one shape."
+            )
     for dim, (other_name, other_dim) in spec.sizes.items():
         other = values[other_name]
         if other is None:

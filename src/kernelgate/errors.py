@@ -108,11 +108,21 @@ class CheckWarning(KernelgateWarning):
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def _torch_dir() -> str:
+    torch = sys.modules.get("torch")
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep if torch and torch.__file__ else _PACKAGE_DIR
+
+
 def user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning point at the first caller outside kernelgate."""
+    """The ``stacklevel`` that makes a warning point at the first caller outside kernelgate and torch.
+
+    Calls often pass through torch (``torch.ops``, ``nn.Module.__call__``), whose frames say
+    nothing about where the user's call is.
+    """
     frame = sys._getframe(1)
     level = 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    internal = (_PACKAGE_DIR, _torch_dir())
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(internal):
         frame = frame.f_back
         level += 1
     return level

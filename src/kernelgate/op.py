@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from kernelgate import backend
+from kernelgate import backend, library
 from kernelgate import log as launch_log
 from kernelgate.bucket import pow2, stride_class
 from kernelgate.cache import decision_cache
@@ -51,6 +51,7 @@ from kernelgate.dispatch import (
 )
 from kernelgate.errors import CacheWarning, DeclarationError, InputTypeError, TritonUnavailableError, user_stacklevel
 from kernelgate.launch import LazyKernel, Unsupported, call_state
+from kernelgate.library import Backward
 from kernelgate.selection import clone_args, tune
 from kernelgate.settings import Mode, Settings, parse_mode, settings
 
@@ -175,6 +176,18 @@ def registered_ops() -> list[Op]:
         return [_registry[name] for name in sorted(_registry)]
 
 
+def lookup(name: str) -> Op:
+    """The registered op called ``name`` (for the PyTorch operator's implementation)."""
+    return _registry[name]
+
+
+class _InsideTorchOp(threading.local):
+    active: bool = False
+
+
+inside_torch_op = _InsideTorchOp()
+
+
 def get_op(name: str) -> Op:
     """The registered op called ``name``.
 
@@ -208,6 +221,9 @@ class Op:
         reduction_length: ``reduction_length(*args) -> int``: how many inputs each output
             reduces over, which scales the tolerance; default 1.
         mutates: names of tensor arguments the op writes in place; tuning runs on copies of them.
+        backward: how gradients are computed (:class:`kernelgate.Backward`); default: autograd of
+            the reference, recomputed from the saved inputs.
+        returns: the operator schema's return type: ``"Tensor"`` or e.g. ``"(Tensor, Tensor)"``.
         make_inputs: ``make_inputs(shape, dtype, device) -> args``: valid random arguments whose
             main tensor has ``shape``, for ``kernelgate doctor``, ``tune`` and ``bench``.
         register: add the op to the registry (``registered_ops``, the CLI).
@@ -224,6 +240,8 @@ class Op:
         bucket: Callable[..., tuple[Any, ...]] | None = None,
         reduction_length: Callable[..., int] | None = None,
         mutates: Sequence[str] = (),
+        backward: Backward | None = None,
+        returns: str = "Tensor",
         make_inputs: Callable[[tuple[int, ...], torch.dtype, torch.device], tuple[Any, ...]] | None = None,
         register: bool = True,
         replace: bool = False,
@@ -259,6 +277,7 @@ class Op:
         self.mutates = tuple(mutates)
         self.mutated_positions = tuple(i for i, s in enumerate(self.args) if s.name in self.mutates)
         self.make_inputs = make_inputs
+        self.backward = backward
         self.mode: Mode | None = None
         self._names = tuple(p.name for p in params)
         self._defaults = {p.name: p.default for p in params if p.default is not p.empty}
@@ -270,6 +289,7 @@ class Op:
         self.__doc__ = reference.__doc__
         self.__name__ = name
         _all_ops.add(self)
+        self.torch_op: Any = None
         if register:
             with _registry_lock:
                 if name in _registry and not replace:
@@ -278,6 +298,8 @@ class Op:
                         f"to replace it."
                     )
                 _registry[name] = self
+            # torch.ops.kernelgate.<name>: fake tensors, autograd and torch.compile.
+            self.torch_op = library.register(self, returns)
 
     def __repr__(self) -> str:
         impls = ", ".join(i.name for i in self.implementations) or "none"
@@ -428,7 +450,9 @@ class Op:
         elif not status.gpu:
             return [], Plan(None, Reason.NO_GPU_DRIVER, f"no Triton GPU driver is active ({status.driver_error})")
         tensors = [values[i] for i in self._tensor_positions if values[i] is not None]
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        # Inside the PyTorch operator autograd is handled by its registered backward; outside it
+        # (an unregistered op) a Triton output would silently lack a gradient.
+        if torch.is_grad_enabled() and not inside_torch_op.active and any(t.requires_grad for t in tensors):
             detail = "an input requires grad and the Triton implementations have no backward"
             return [], Plan(None, Reason.REQUIRES_GRAD, detail)
         for t in tensors:
@@ -543,17 +567,30 @@ class Op:
     # --- the call path ----------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        values = args if not kwargs and len(args) == self._arity else self._bind(args, kwargs)
+        if self.torch_op is not None:
+            # torch.compile traces the op as one node; autograd goes through the operator's
+            # registered backward. Plain eager calls skip the PyTorch dispatcher.
+            if torch.compiler.is_compiling():
+                return self.torch_op(*values)
+            if torch.is_grad_enabled():
+                for i in self._tensor_positions:
+                    v = values[i]
+                    if isinstance(v, torch.Tensor) and v.requires_grad:
+                        return self.torch_op(*values)
+        return self._call_untraced(values)
+
+    def _call_untraced(self, values: tuple[Any, ...]) -> Any:
         # The hot path: everything a plan depends on is read cheaply into a signature, and a
         # signature seen before skips validation and planning. Kept flat on purpose (each Python
         # call costs about 0.1 us, and the whole path aims at about 2 us).
-        values = args if not kwargs and len(args) == self._arity else self._bind(args, kwargs)
         current = _settings_module._current or settings()
         per_op = _mode_ops.get()
         mode = (per_op.get(self.name) if per_op else None) or self.mode or _mode_all.get() or current.mode
         interpret = _interpret.get()
         if interpret is None:
             interpret = current.interpret
-        signature = [mode, interpret, _settings_module._generation, torch.is_grad_enabled()]
+        signature = [mode, interpret, _settings_module._generation, torch.is_grad_enabled(), inside_torch_op.active]
         for v in values:
             if isinstance(v, torch.Tensor):
                 signature.append((v.dtype, v.shape, v.stride(), v.device, v.requires_grad))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kernelgate.op import Op
-from kernelgate.ops.rms_norm import rms_norm
-from kernelgate.ops.softmax import softmax
+from kernelgate.ops.rms_norm import rms_norm, rms_norm_backward
+from kernelgate.ops.softmax import softmax, softmax_backward
 
-__all__ = ["BUILTIN_OPS", "rms_norm", "softmax"]
+__all__ = ["BUILTIN_OPS", "rms_norm", "rms_norm_backward", "softmax", "softmax_backward"]
 
-BUILTIN_OPS: tuple[Op, ...] = (softmax, rms_norm)
+BUILTIN_OPS: tuple[Op, ...] = (softmax, softmax_backward, rms_norm, rms_norm_backward)

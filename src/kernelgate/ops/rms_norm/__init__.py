@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import torch
 
-from kernelgate import rowwise
+from kernelgate import backend, rowwise
 from kernelgate.config import Config
 from kernelgate.contract import ScalarArg, TensorArg
-from kernelgate.launch import LazyKernel, as_rows, empty, launch
+from kernelgate.launch import LazyKernel, as_rows, cdiv, empty, launch
+from kernelgate.library import Backward
 from kernelgate.op import Op, TritonImpl
-from kernelgate.ops.rms_norm.reference import rms_norm_reference
+from kernelgate.ops.rms_norm.reference import rms_norm_backward_reference, rms_norm_reference
 
-__all__ = ["rms_norm"]
+__all__ = ["rms_norm", "rms_norm_backward"]
 
 # The kernels are imported on first launch: `import kernelgate` works without Triton.
 RMS_NORM_FWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_kernel")
 RMS_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_looped_kernel")
+RMS_NORM_BWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_kernel")
+# Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
+# sums of dweight stay small.
+BWD_PROGRAMS_PER_SM = 4
 
 
 def _run_rows(
@@ -66,6 +71,73 @@ def _make_inputs(
     return torch.randn(shape, device=device).to(dtype), torch.randn(shape[-1], device=device).to(dtype), 1e-6
 
 
+def _programs(device: torch.device, n_rows: int) -> int:
+    # Under the interpreter: few programs, each over many rows, which exercises the row loop.
+    sms = backend.multiprocessors(device) if device.type == "cuda" else 2
+    return max(1, min(n_rows, BWD_PROGRAMS_PER_SM * sms))
+
+
+def _launch_backward(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x_rows, g_rows = as_rows(x, "x"), as_rows(grad, "grad")
+    w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
+    n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
+    rows_per_program = cdiv(n_rows, _programs(x.device, n_rows))
+    programs = cdiv(n_rows, rows_per_program)
+    dx = empty(x.shape, dtype=x.dtype, device=x.device)
+    partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
+    launch(
+        RMS_NORM_BWD, (programs,), g_rows.tensor, x_rows.tensor, x_rows.tensor if w is None else w, dx, partial,
+        g_rows.stride, x_rows.stride, n_cols, n_rows, n_cols, eps, rows_per_program,
+        HAS_WEIGHT=w is not None, BLOCK_N=rowwise.single_block(n_cols), num_warps=config["num_warps"],
+    )  # fmt: skip
+    if w is None:
+        return dx, x.new_empty(0)
+    return dx, partial.sum(dim=0).to(w.dtype)
+
+
+def _make_backward_inputs(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    grad, x, w = (torch.randn(s, device=device).to(dtype) for s in (shape, shape, shape[-1:]))
+    return grad, x, w, 1e-6
+
+
+rms_norm_backward = Op(
+    "rms_norm_backward",
+    reference=rms_norm_backward_reference,
+    args=(
+        TensorArg("grad", min_rank=1),
+        TensorArg("x", same_shape_as="grad"),
+        TensorArg("weight", rank=1, sizes={0: ("x", -1)}, optional=True),
+        ScalarArg("eps", kind=float, min=0.0),
+    ),
+    implementations=(
+        TritonImpl(
+            "single_block",
+            _launch_backward,
+            (RMS_NORM_BWD,),
+            supports=lambda grad, x, weight, eps: rowwise.fits_one_block(x.shape[-1]),
+            configs=rowwise.SINGLE_BLOCK_CONFIGS,
+            default_config=lambda grad, x, weight, eps: rowwise.single_block_default(x.shape[-1]),
+            prune=lambda config, grad, x, weight, eps: rowwise.prune_single_block(config, x.shape[-1]),
+        ),
+    ),
+    bucket=lambda grad, x, weight, eps: _bucket(x, weight, eps),
+    reduction_length=lambda grad, x, weight, eps: int(x.numel() // max(x.shape[-1], 1)) + int(x.shape[-1]),
+    returns="(Tensor, Tensor)",
+    make_inputs=_make_backward_inputs,
+)
+
+
+def _rms_norm_grads(saved: tuple[object, ...], grad: torch.Tensor) -> tuple[object, ...]:
+    x, weight, eps = saved
+    assert isinstance(x, torch.Tensor) and isinstance(eps, float)
+    dx, dw = rms_norm_backward(grad, x, weight, eps)
+    return dx, (dw if weight is not None else None), None
+
+
 rms_norm = Op(
     "rms_norm",
     reference=rms_norm_reference,
@@ -95,5 +167,8 @@ rms_norm = Op(
     ),
     bucket=_bucket,
     reduction_length=_row_length,
+    # The gradient needs x (held by autograd anyway) and the weight; rstd is recomputed in the
+    # backward kernel rather than kept, so the forward allocates nothing extra for it.
+    backward=Backward(save=lambda inputs, y: tuple(inputs), grads=_rms_norm_grads),
     make_inputs=_make_inputs,
 )

@@ -50,3 +50,49 @@ def _rms_norm_fwd_looped_kernel(
         if HAS_WEIGHT:
             y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    dx_ptr,
+    dw_ptr,
+    stride_dym,
+    stride_xm,
+    stride_dxm,
+    n_rows,
+    n_cols,
+    eps,
+    rows_per_program,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Gradients of rms_norm for rows that fit one block; rstd is recomputed, not saved.
+
+    With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw = sum_rows(dy * xhat).
+    dy_ptr, x_ptr, dx_ptr: (n_rows, n_cols); w_ptr: (n_cols,); dw_ptr: (programs, n_cols) float32,
+    one partial sum of dw per program (summed on the host: no atomics). Grid: (programs,); each
+    program takes rows_per_program consecutive rows.
+    """
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    first = pid * rows_per_program
+    last = tl.minimum(first + rows_per_program, n_rows)
+    for row in range(first, last):
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+        xhat = x * rstd
+        g = dy * w if HAS_WEIGHT else dy
+        dx = (g - xhat * (tl.sum(g * xhat, axis=0) / n_cols)) * rstd
+        tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_WEIGHT:
+            dw += dy * xhat
+    if HAS_WEIGHT:
+        tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)

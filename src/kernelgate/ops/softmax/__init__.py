@@ -8,14 +8,17 @@ from kernelgate import rowwise
 from kernelgate.config import Config
 from kernelgate.contract import DimArg, TensorArg
 from kernelgate.launch import LazyKernel, as_rows, empty, launch
+from kernelgate.library import Backward
 from kernelgate.op import Op, TritonImpl
-from kernelgate.ops.softmax.reference import softmax_reference
+from kernelgate.ops.softmax.reference import softmax_backward_reference, softmax_reference
 
-__all__ = ["softmax"]
+__all__ = ["softmax", "softmax_backward"]
 
 # The kernels are imported on first launch: `import kernelgate` works without Triton.
 SOFTMAX_FWD = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_kernel")
 SOFTMAX_FWD_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_looped_kernel")
+SOFTMAX_BWD = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_bwd_kernel")
+SOFTMAX_BWD_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_bwd_looped_kernel")
 
 
 def _row_length(x: torch.Tensor, dim: int) -> int:
@@ -51,30 +54,91 @@ def _make_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     return torch.randn(shape, device=device).to(dtype), -1
 
 
+def _row_impls(
+    launch_single: object, launch_looped: object, kernels: tuple[LazyKernel, LazyKernel]
+) -> tuple[TritonImpl, ...]:
+    """A single-block and a looped implementation of a row-wise op whose last two arguments are (tensor, dim)."""
+
+    def n(*args: object) -> int:
+        x, dim = args[-2], args[-1]
+        assert isinstance(x, torch.Tensor) and isinstance(dim, int)
+        return _row_length(x, dim)
+
+    return (
+        TritonImpl(
+            "single_block",
+            launch_single,  # type: ignore[arg-type]
+            (kernels[0],),
+            supports=lambda *a: rowwise.fits_one_block(n(*a)),
+            configs=rowwise.SINGLE_BLOCK_CONFIGS,
+            default_config=lambda *a: rowwise.single_block_default(n(*a)),
+            prune=lambda config, *a: rowwise.prune_single_block(config, n(*a)),
+        ),
+        TritonImpl(
+            "looped",
+            launch_looped,  # type: ignore[arg-type]
+            (kernels[1],),
+            configs=rowwise.LOOPED_CONFIGS,
+            default_config=rowwise.LOOPED_DEFAULT,
+            prune=lambda config, *a: rowwise.prune_looped(config, n(*a)),
+        ),
+    )
+
+
+def _run_backward_rows(
+    grad: torch.Tensor, y: torch.Tensor, dim: int, kernel: LazyKernel, block: int, num_warps: int
+) -> torch.Tensor:
+    last = y.dim() == 0 or dim in (-1, y.dim() - 1)
+    moved_g, moved_y = (grad, y) if last else (grad.movedim(dim, -1), y.movedim(dim, -1))
+    g_rows, y_rows = as_rows(moved_g, "grad"), as_rows(moved_y, "y")
+    dx = empty(moved_y.shape, dtype=grad.dtype, device=grad.device)
+    launch(
+        kernel, (y_rows.n_rows,), g_rows.tensor, y_rows.tensor, dx, g_rows.stride, y_rows.stride, y_rows.n_cols,
+        y_rows.n_cols, BLOCK_N=block, num_warps=num_warps,
+    )  # fmt: skip
+    return dx if last else dx.movedim(-1, dim)
+
+
+def _launch_backward_single_block(
+    grad: torch.Tensor, y: torch.Tensor, dim: int = -1, *, config: Config
+) -> torch.Tensor:
+    return _run_backward_rows(grad, y, dim, SOFTMAX_BWD, rowwise.single_block(_row_length(y, dim)), config["num_warps"])
+
+
+def _launch_backward_looped(grad: torch.Tensor, y: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
+    return _run_backward_rows(grad, y, dim, SOFTMAX_BWD_LOOPED, config["BLOCK_N"], config["num_warps"])
+
+
+def _make_backward_inputs(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    y = torch.softmax(torch.randn(shape, device=device), -1).to(dtype)
+    return torch.randn(shape, device=device).to(dtype), y, -1
+
+
+softmax_backward = Op(
+    "softmax_backward",
+    reference=softmax_backward_reference,
+    args=(TensorArg("grad"), TensorArg("y", same_shape_as="grad"), DimArg("dim", of="y")),
+    implementations=_row_impls(
+        _launch_backward_single_block, _launch_backward_looped, (SOFTMAX_BWD, SOFTMAX_BWD_LOOPED)
+    ),
+    bucket=lambda grad, y, dim: _bucket(y, dim),
+    reduction_length=lambda grad, y, dim: _row_length(y, dim),
+    make_inputs=_make_backward_inputs,
+)
+
 softmax = Op(
     "softmax",
     reference=softmax_reference,
     args=(TensorArg("x"), DimArg("dim", of="x")),
-    implementations=(
-        TritonImpl(
-            "single_block",
-            _launch_single_block,
-            (SOFTMAX_FWD,),
-            supports=lambda x, dim: rowwise.fits_one_block(_row_length(x, dim)),
-            configs=rowwise.SINGLE_BLOCK_CONFIGS,
-            default_config=lambda x, dim: rowwise.single_block_default(_row_length(x, dim)),
-            prune=lambda config, x, dim: rowwise.prune_single_block(config, _row_length(x, dim)),
-        ),
-        TritonImpl(
-            "looped",
-            _launch_looped,
-            (SOFTMAX_FWD_LOOPED,),
-            configs=rowwise.LOOPED_CONFIGS,
-            default_config=rowwise.LOOPED_DEFAULT,
-            prune=lambda config, x, dim: rowwise.prune_looped(config, _row_length(x, dim)),
-        ),
-    ),
+    implementations=_row_impls(_launch_single_block, _launch_looped, (SOFTMAX_FWD, SOFTMAX_FWD_LOOPED)),
     bucket=_bucket,
     reduction_length=_row_length,
+    # The gradient needs only the output: dx = y * (dy - sum(dy * y)).
+    backward=Backward(
+        save=lambda inputs, y: (y, inputs[1]),
+        grads=lambda saved, grad: (softmax_backward(grad, saved[0], saved[1]), None),
+    ),
     make_inputs=_make_inputs,
 )

@@ -1,0 +1,144 @@
+"""Every op as a PyTorch operator: ``torch.ops.kernelgate.<name>``, with fake tensors and autograd.
+
+Registration derives the schema from the op's contract, the fake (meta) implementation from its
+reference (plain PyTorch runs on fake tensors), and the backward from the op's :class:`Backward`,
+or else from autograd of the reference. ``torch.compile`` then traces a call as one node, and the
+op's own dispatch (validation, selection per shape bucket, the cache) runs inside that node at run
+time, so a compiled graph does not freeze the first shape's decision.
+
+A call from eager code without autograd skips the PyTorch dispatcher (about 6 µs): the op is
+entered through ``torch.ops`` only when an input requires grad or ``torch.compile`` is tracing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kernelgate.contract import ArgSpec, DimArg, ScalarArg, TensorArg
+from kernelgate.errors import DeclarationError
+
+if TYPE_CHECKING:
+    from kernelgate.op import Op
+
+__all__ = ["NAMESPACE", "Backward", "register"]
+
+NAMESPACE = "kernelgate"
+_library = torch.library.Library(NAMESPACE, "FRAGMENT")  # type: ignore[no-untyped-call]
+_defined: set[str] = set()
+
+
+@dataclasses.dataclass(frozen=True)
+class Backward:
+    """How an op's gradients are computed (without one, autograd differentiates the reference).
+
+    Attributes:
+        save: ``save(inputs, output) -> tuple``: what the backward needs, taken at forward time.
+            Tensors in it are saved through autograd (version counters checked); other values are
+            kept as they are. Save as little as the gradient needs.
+        grads: ``grads(saved, grad_output) -> tuple``: one gradient per op argument, ``None`` for
+            arguments that are not differentiable tensors. Typically calls other kernelgate ops
+            (a backward op with its own reference, kernels, gate and tuning).
+    """
+
+    save: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
+    grads: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
+
+
+def schema(op_name: str, specs: Sequence[ArgSpec], returns: str, mutates: Sequence[str]) -> str:
+    """The operator schema of an op, e.g. ``(Tensor x, int dim) -> Tensor``."""
+    params = []
+    for index, spec in enumerate(specs):
+        if isinstance(spec, TensorArg):
+            alias = f"(a{index}!)" if spec.name in mutates else ""
+            params.append(f"Tensor{alias}{'?' if spec.optional else ''} {spec.name}")
+        elif isinstance(spec, DimArg):
+            params.append(f"int {spec.name}")
+        elif isinstance(spec, ScalarArg):
+            kind = {float: "float", int: "int", bool: "bool"}[spec.kind]
+            params.append(f"{kind} {spec.name}")
+        else:  # pragma: no cover - validate_specs rejects anything else
+            raise DeclarationError(f"op {op_name!r}: cannot express {spec!r} in a schema.")
+    return f"({', '.join(params)}) -> {returns}"
+
+
+def register(op: Op, returns: str) -> Any:
+    """Define ``kernelgate::<op.name>`` (once per process) and bind it to ``op``; return the overload.
+
+    The implementation looks the op up by name at call time, so an op re-declared with
+    ``replace=True`` takes over the same operator.
+    """
+    qualname = f"{NAMESPACE}::{op.name}"
+    if op.name not in _defined:
+        _library.define(op.name + schema(op.name, op.args, returns, op.mutates))  # type: ignore[no-untyped-call]
+        _defined.add(op.name)
+
+        def run(*args: Any) -> Any:
+            from kernelgate.op import inside_torch_op, lookup
+
+            saved, inside_torch_op.active = inside_torch_op.active, True
+            try:
+                return lookup(op.name)._call_untraced(args)
+            finally:
+                inside_torch_op.active = saved
+
+        def fake(*args: Any) -> Any:
+            from kernelgate.op import lookup
+
+            return lookup(op.name).reference(*args)
+
+        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+            from kernelgate.op import lookup
+
+            _setup(lookup(op.name), ctx, inputs, output)
+
+        def backward(ctx: Any, *grad_outputs: Any) -> Any:
+            from kernelgate.op import lookup
+
+            return _backward(lookup(op.name), ctx, grad_outputs)
+
+        torch.library.impl(qualname, "CompositeExplicitAutograd", run, lib=_library)
+        torch.library.register_fake(qualname, fake, lib=_library)
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=_library)
+    return getattr(torch.ops.kernelgate, op.name).default
+
+
+def _setup(op: Op, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    saved = op.backward.save(inputs, output) if op.backward is not None else tuple(inputs)
+    tensors = [v for v in saved if isinstance(v, torch.Tensor)]
+    ctx.save_for_backward(*tensors)
+    ctx.kernelgate_layout = [None if isinstance(v, torch.Tensor) else (v,) for v in saved]
+    ctx.kernelgate_needs = [isinstance(v, torch.Tensor) and v.requires_grad for v in inputs]
+
+
+def _restore(ctx: Any) -> tuple[Any, ...]:
+    tensors = iter(ctx.saved_tensors)
+    return tuple(next(tensors) if slot is None else slot[0] for slot in ctx.kernelgate_layout)
+
+
+def _backward(op: Op, ctx: Any, grad_outputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    saved = _restore(ctx)
+    grad = grad_outputs[0] if len(grad_outputs) == 1 else grad_outputs
+    if op.backward is not None:
+        grads = tuple(op.backward.grads(saved, grad))
+    else:
+        grads = _reference_grads(op, saved, grad, ctx.kernelgate_needs)
+    return tuple(g if need else None for g, need in zip(grads, ctx.kernelgate_needs, strict=True))
+
+
+def _reference_grads(op: Op, inputs: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:
+    """Gradients by autograd of the reference, recomputed from the saved inputs."""
+    with torch.enable_grad():
+        leaves = [
+            v.detach().requires_grad_(True) if isinstance(v, torch.Tensor) and need else v
+            for v, need in zip(inputs, needs, strict=True)
+        ]
+        output = op.reference(*leaves)
+        wanted = [leaf for leaf, need in zip(leaves, needs, strict=True) if need]
+        outputs = [output] if isinstance(output, torch.Tensor) else list(output)
+        grads_out = [grad] if isinstance(grad, torch.Tensor) else list(grad)
+        computed = iter(torch.autograd.grad(outputs, wanted, grads_out, allow_unused=True))
+    return tuple(next(computed) if need else None for need in needs)

@@ -1,0 +1,42 @@
+"""Drop-in ``torch.nn`` modules backed by kernelgate ops.
+
+Each subclasses its torch module, takes the same constructor arguments and loads the same
+``state_dict``; only ``forward`` changes. Configurations the kernelgate op does not express run
+the torch module's own forward.
+
+>>> import torch
+>>> norm = RMSNorm(8); norm.load_state_dict(torch.nn.RMSNorm(8).state_dict())
+<All keys matched successfully>
+>>> norm(torch.ones(2, 8)).shape
+torch.Size([2, 8])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernelgate.ops.rms_norm import rms_norm
+from kernelgate.ops.softmax import softmax
+
+__all__ = ["RMSNorm", "Softmax"]
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """:class:`torch.nn.RMSNorm` computed by :func:`kernelgate.rms_norm` when normalising the last dimension."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.normalized_shape) != 1:
+            return super().forward(x)
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        result: torch.Tensor = rms_norm(x, self.weight, eps)
+        return result
+
+
+class Softmax(torch.nn.Softmax):
+    """:class:`torch.nn.Softmax` computed by :func:`kernelgate.softmax` (``dim=None`` keeps torch's rule)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dim is None:
+            return super().forward(x)
+        result: torch.Tensor = softmax(x, self.dim)
+        return result

@@ -157,6 +157,7 @@ def _interpreter_scope() -> Iterator[None]:
     with _interpret_lock:
         original_call = JITFunction.__call__
         original_patch = interpreter._patch_lang_tensor
+        original_convert = interpreter._convert_float
 
         def call_interpreted(self: Any, *args: Any, **kwargs: Any) -> Any:
             # Triton's own device-call path patches triton.language and never undoes it, which
@@ -172,13 +173,31 @@ def _interpreter_scope() -> Iterator[None]:
             # Triton 3.6 converts a 1-element array with int(), which numpy >= 2.4 rejects.
             scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
+        def convert_float(data: Any, input_dtype: Any, output_dtype: Any, rounding_mode: Any) -> Any:
+            # The interpreter narrows float32 to bfloat16 by truncation; GPUs round to nearest even.
+            if str(input_dtype) == "fp32" and str(output_dtype) == "bf16" and rounding_mode is None:
+                return _float32_to_bfloat16_bits(data)
+            return original_convert(data, input_dtype, output_dtype, rounding_mode)
+
         JITFunction.__call__ = call_interpreted  # type: ignore[method-assign]
         interpreter._patch_lang_tensor = patch_tensor
+        interpreter._convert_float = convert_float
         try:
             yield
         finally:
             JITFunction.__call__ = original_call  # type: ignore[method-assign]
             interpreter._patch_lang_tensor = original_patch
+            interpreter._convert_float = original_convert
+
+
+def _float32_to_bfloat16_bits(data: Any) -> Any:
+    """bfloat16 bit patterns of float32 values, rounded to nearest even (NaN stays NaN)."""
+    import numpy as np
+
+    bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
+    nan = np.isnan(np.asarray(data, dtype=np.float32))
+    return np.where(nan, ((bits >> 16) | 0x0040).astype(np.uint16), rounded)
 
 
 def launch_interpreted(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:

@@ -573,11 +573,15 @@ class Op:
             # registered backward. Plain eager calls skip the PyTorch dispatcher.
             if torch.compiler.is_compiling():
                 return self.torch_op(*values)
-            if torch.is_grad_enabled():
-                for i in self._tensor_positions:
-                    v = values[i]
-                    if isinstance(v, torch.Tensor) and v.requires_grad:
-                        return self.torch_op(*values)
+            grad = torch.is_grad_enabled()
+            for i in self._tensor_positions:
+                v = values[i]
+                # Tensors that are not plain (fake, functional: a trace such as AOT autograd's of a
+                # backward) must meet the operator, whose fake implementation traces.
+                if isinstance(v, torch.Tensor) and (
+                    (grad and v.requires_grad) or (type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter)
+                ):
+                    return self.torch_op(*values)
         return self._call_untraced(values)
 
     def _call_untraced(self, values: tuple[Any, ...]) -> Any:

@@ -10,6 +10,10 @@ with its square root:
 ``RTOL`` is two units in the last place of the dtype (one rounding in each of the two results
 compared); ``ATOL`` covers results near zero. An override must carry a written reason.
 
+Where the result suffers cancellation (gradients such as ``y * (dy - sum(dy * y))`` in bfloat16),
+no elementwise bound fits both sides; :func:`assert_no_worse` then asks instead that the error
+against a float64 computation be no worse than twice plain PyTorch's.
+
 >>> round(tolerance(torch.float16).rtol, 6)
 0.001954
 """
@@ -21,7 +25,7 @@ import math
 
 import torch
 
-__all__ = ["Tolerance", "assert_close", "tolerance"]
+__all__ = ["Tolerance", "assert_close", "assert_no_worse", "tolerance"]
 
 # Two units in the last place: eps is one ulp at 1.0; each side may be rounded once.
 RTOL: dict[torch.dtype, float] = {
@@ -73,3 +77,28 @@ def assert_close(
         raise ValueError("a tolerance override must carry a reason (Tolerance(..., reason='why')).")
     bound = override or tolerance(expected.dtype, reduction_length)
     torch.testing.assert_close(actual, expected, atol=bound.atol, rtol=bound.rtol, equal_nan=True)
+
+
+def assert_no_worse(actual: torch.Tensor, baseline: torch.Tensor, truth: torch.Tensor, *, factor: float = 2.0) -> None:
+    """Raise ``AssertionError`` unless ``actual`` is at most ``factor`` times as far from ``truth`` as ``baseline``.
+
+    ``baseline`` is plain PyTorch's result in the same dtype, ``truth`` the same computation in
+    float64. Distances are norms of the whole error (``||a - t|| / ||t||``), which unlike a maximum
+    do not swing with one unlucky rounding; ``ATOL`` is added for all-zero results. NaN must sit
+    where ``truth`` has NaN.
+    """
+    if actual.shape != truth.shape or actual.dtype != baseline.dtype:
+        raise AssertionError(
+            f"shapes or dtypes differ: {actual.shape} {actual.dtype} vs {truth.shape} {baseline.dtype}"
+        )
+    if not torch.equal(actual.isnan(), truth.isnan()):
+        raise AssertionError("NaN positions differ from the float64 result")
+    finite = ~truth.isnan()
+    t = truth.double()[finite]
+    scale = max(float(t.norm()), 1e-300)
+    error = float((actual.double()[finite] - t).norm()) / scale
+    allowed = factor * float((baseline.double()[finite] - t).norm()) / scale + ATOL[actual.dtype]
+    if error > allowed:
+        raise AssertionError(
+            f"relative error {error:.3g} against float64 exceeds {factor:g} x plain PyTorch's ({allowed:.3g} with atol)"
+        )

@@ -1,0 +1,237 @@
+"""Ops as PyTorch operators: gradients, opcheck, torch.compile without graph breaks, nn modules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import kernelgate
+from kernelgate.tolerance import assert_close, assert_no_worse
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def test_references_pass_float64_gradcheck() -> None:
+    """The references of the forward and backward ops are differentiable and pass fp64 gradcheck."""
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    y = torch.softmax(torch.randn(3, 7, dtype=torch.float64), -1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: kernelgate.softmax.reference(x, 0), (x,))
+    assert torch.autograd.gradcheck(lambda x, w: kernelgate.rms_norm.reference(x, w, 1e-5), (x, w))
+    assert torch.autograd.gradcheck(lambda g, y: kernelgate.softmax_backward.reference(g, y, -1), (g, y))
+    assert torch.autograd.gradcheck(lambda g, x, w: kernelgate.rms_norm_backward.reference(g, x, w, 1e-5)[0], (g, x, w))
+
+
+def test_ops_pass_float64_gradcheck_and_gradgradcheck() -> None:
+    """Through their registered backward (reference path here), the ops pass gradcheck and gradgradcheck."""
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: kernelgate.softmax(x, -1), (x,))
+    assert torch.autograd.gradcheck(lambda x, w: kernelgate.rms_norm(x, w, 1e-5), (x, w))
+    assert torch.autograd.gradcheck(lambda x: kernelgate.rms_norm(x, None, 1e-5), (x,))
+    assert torch.autograd.gradgradcheck(lambda x: kernelgate.softmax(x, -1), (x,))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("shape", "dim"), [((5, 33), -1), ((4, 6, 9), 1), ((2, 20000), -1), ((1,), 0)])
+def test_softmax_gradients_match_the_reference(
+    target: torch.device, dtype: torch.dtype, shape: tuple[int, ...], dim: int
+) -> None:
+    """softmax's Triton forward and backward give a gradient no further from float64 than twice plain PyTorch's,
+    also along a leading dim and for long rows."""
+    x = _randn(shape, dtype, target).requires_grad_()
+    grad = _randn(shape, dtype, target, seed=1)
+    (dx,) = torch.autograd.grad(kernelgate.softmax(x, dim), x, grad)
+    assert_no_worse(dx, *_torch_grads(lambda t: torch.softmax(t[0], dim), (x,), grad))
+
+
+def _torch_grads(
+    fn: Callable[[tuple[torch.Tensor, ...]], torch.Tensor], inputs: tuple[torch.Tensor, ...], grad: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """Plain PyTorch's gradient of the first input, in the inputs' dtype and in float64: (baseline, truth)."""
+    results = []
+    for dtype in (inputs[0].dtype, torch.float64):
+        leaves = tuple(t.detach().to(dtype).requires_grad_() for t in inputs)
+        results.append(torch.autograd.grad(fn(leaves), leaves[0], grad.to(dtype))[0])
+    return tuple(results)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 33), (2, 3, 100), (50, 1000), (1, 16384)])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm_gradients_match_the_reference(
+    target: torch.device, dtype: torch.dtype, shape: tuple[int, ...], with_weight: bool
+) -> None:
+    """rms_norm's Triton backward gives the reference's gradients of x and weight (weight summed without atomics)."""
+    x = _randn(shape, dtype, target).requires_grad_()
+    w = _randn(shape[-1:], dtype, target, seed=2).requires_grad_() if with_weight else None
+    grad = _randn(shape, dtype, target, seed=3)
+    inputs = (x, w) if w is not None else (x,)
+    got = torch.autograd.grad(kernelgate.rms_norm(x, w, 1e-5), inputs, grad)
+    for position in range(len(inputs)):
+        ordered = (inputs[position], *inputs[:position], *inputs[position + 1 :])
+
+        def torch_rms_norm(t: tuple[torch.Tensor, ...], position: int = position) -> torch.Tensor:
+            args = list(t[1:])
+            args.insert(position, t[0])
+            return torch.nn.functional.rms_norm(args[0], shape[-1:], args[1] if len(args) > 1 else None, 1e-5)
+
+        assert_no_worse(got[position], *_torch_grads(torch_rms_norm, ordered, grad))
+
+
+def test_long_rows_backward_of_rms_norm_falls_back_visibly() -> None:
+    """rms_norm's backward kernel holds a row in one block; longer rows take the reference, with the reason."""
+    kernelgate.configure(tune=False)
+    x = torch.randn(2, 20000, requires_grad=True)
+    with (
+        kernelgate.use_interpreter(),
+        pytest.warns(kernelgate.FallbackWarning, match="rms_norm_backward.*shape-unsupported"),
+    ):
+        kernelgate.rms_norm(x, None, 1e-5).sum().backward()
+    assert x.grad is not None
+
+
+@pytest.mark.parametrize(
+    ("op", "make"),
+    [
+        (kernelgate.softmax, lambda: (torch.randn(4, 9, requires_grad=True), -1)),
+        (
+            kernelgate.rms_norm,
+            lambda: (torch.randn(4, 9, requires_grad=True), torch.randn(9, requires_grad=True), 1e-5),
+        ),
+        (kernelgate.rms_norm, lambda: (torch.randn(4, 9, requires_grad=True), None, 1e-5)),
+        (kernelgate.softmax_backward, lambda: (torch.randn(4, 9), torch.softmax(torch.randn(4, 9), -1), -1)),
+        (kernelgate.rms_norm_backward, lambda: (torch.randn(4, 9), torch.randn(4, 9), torch.randn(9), 1e-5)),
+    ],
+    ids=["softmax", "rms_norm", "rms_norm-no-weight", "softmax_backward", "rms_norm_backward"],
+)
+@pytest.mark.parametrize("interpret", [False, True], ids=["reference", "interpreter"])
+def test_opcheck(op: kernelgate.Op, make: object, interpret: bool) -> None:
+    """torch.library.opcheck passes for every built-in op: schema, fake tensors, autograd registration, AOT dispatch."""
+    kernelgate.configure(tune=False)
+    with kernelgate.use_interpreter(interpret):
+        torch.library.opcheck(op.torch_op, make())  # type: ignore[operator]
+
+
+def test_saved_tensors_are_only_what_the_gradient_needs() -> None:
+    """softmax saves only its output; rms_norm saves only its inputs (x, weight): no normalised copy, no rstd buffer."""
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    x = torch.randn(4, 9, requires_grad=True)
+    w = torch.randn(9, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = kernelgate.softmax(x, -1)
+    assert len(saved) == 1 and saved[0].data_ptr() == y.data_ptr()
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        kernelgate.rms_norm(x, w, 1e-5)
+    assert sorted(t.data_ptr() for t in saved) == sorted((x.data_ptr(), w.data_ptr()))
+
+
+def test_modifying_a_saved_tensor_in_place_is_caught() -> None:
+    """Changing softmax's output in place before backward raises instead of giving a silently wrong gradient."""
+    x = torch.randn(3, 5, requires_grad=True)
+    y = kernelgate.softmax(x, -1)
+    y.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_nn_modules_are_drop_in() -> None:
+    """kernelgate.nn modules subclass torch's, take its arguments, load its state_dict and compute its output."""
+    torch_norm = torch.nn.RMSNorm(16, eps=1e-5)
+    with torch.no_grad():
+        torch_norm.weight.uniform_(0.5, 1.5)
+    norm = kernelgate.nn.RMSNorm(16, eps=1e-5)
+    norm.load_state_dict(torch_norm.state_dict())
+    assert isinstance(norm, torch.nn.RMSNorm) and isinstance(kernelgate.nn.Softmax(dim=-1), torch.nn.Softmax)
+    x = torch.randn(3, 16)
+    assert_close(norm(x), torch_norm(x), reduction_length=16)
+    assert_close(kernelgate.nn.Softmax(dim=0)(x), torch.nn.Softmax(dim=0)(x), reduction_length=3)
+    two_d = kernelgate.nn.RMSNorm((4, 4))
+    assert_close(two_d(x.view(3, 4, 4)), torch.nn.RMSNorm((4, 4))(x.view(3, 4, 4)), reduction_length=16)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, width: int, norm: type[torch.nn.Module], softmax: type[torch.nn.Module]) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(width, width)
+        self.norm = norm(width)
+        self.out = torch.nn.Linear(width, width)
+        self.softmax = softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(torch.relu(self.inp(x)))
+        return self.softmax(self.out(h))
+
+
+def _train(model: torch.nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]], compile_it: bool) -> list[float]:
+    step = torch.compile(model, fullgraph=True, dynamic=True) if compile_it else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for x, target in data:
+        loss = torch.nn.functional.mse_loss(step(x), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _data(device: torch.device, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    shapes = [8, 8, 12, 8]  # a second batch size: selection runs per bucket inside the compiled graph
+    return [
+        (
+            torch.randn(n, width, generator=gen).to(device),
+            torch.softmax(torch.randn(n, width, generator=gen), -1).to(device),
+        )
+        for n in shapes
+    ]
+
+
+def _compiled_training_matches_reference(device: torch.device, width: int, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    reference_model = _Block(width, torch.nn.RMSNorm, torch.nn.Softmax).to(device)
+    ours = _Block(width, kernelgate.nn.RMSNorm, kernelgate.nn.Softmax).to(device)
+    ours.load_state_dict(reference_model.state_dict())
+    data = _data(device, width)
+    expected = _train(reference_model, data, compile_it=False)
+    counters.clear()
+    kernelgate.configure(log_path=tmp_path / "log.csv")
+    got = _train(ours, data, compile_it=True)
+    assert dict(counters["graph_break"]) == {}
+    for a, b in zip(got, expected, strict=True):
+        assert abs(a - b) <= 1e-3 * abs(b) + 1e-6, (got, expected)
+    rows = (tmp_path / "log.csv").read_text()
+    for name in ("softmax", "softmax_backward", "rms_norm", "rms_norm_backward"):
+        assert f",{name},single_block," in rows or f",{name},looped," in rows, name
+
+
+def test_compiled_training_runs_the_kernels_and_matches_the_reference(tmp_path: Path) -> None:
+    """A small model with kernelgate norms and softmax trains under torch.compile(fullgraph=True, dynamic=True)
+    with no graph break, its Triton kernels (interpreted) run inside the graph, and its losses match eager torch."""
+    kernelgate.configure(tune=False)
+    with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
+        _compiled_training_matches_reference(torch.device("cpu"), 32, tmp_path)
+
+
+@pytest.mark.gpu
+def test_compiled_training_on_the_gpu(tmp_path: Path) -> None:
+    """On the GPU, in mode triton with tuning on, the compiled model's losses match eager torch and its kernels ran."""
+    kernelgate.configure(mode="triton", cache_dir=tmp_path / "cache")
+    _compiled_training_matches_reference(torch.device("cuda"), 256, tmp_path)

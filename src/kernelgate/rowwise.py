@@ -10,9 +10,13 @@ spaces, pruning rules and bucketing, so each row-wise op declares only its kerne
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from kernelgate.bucket import aligned16, pow2
 from kernelgate.config import Config, ConfigSpace
-from kernelgate.launch import next_power_of_2, num_warps_for
+from kernelgate.launch import LazyKernel, next_power_of_2, num_warps_for
+from kernelgate.op import TritonImpl
 
 __all__ = [
     "LOOPED_CONFIGS",
@@ -20,12 +24,14 @@ __all__ = [
     "MAX_SINGLE_BLOCK",
     "SINGLE_BLOCK_CONFIGS",
     "fits_one_block",
+    "looped_impl",
     "per_thread_ok",
     "prune_looped",
     "prune_single_block",
     "row_bucket",
     "single_block",
     "single_block_default",
+    "single_block_impl",
 ]
 
 # Rows up to this length are held in registers by one program; longer rows loop.
@@ -72,3 +78,28 @@ def prune_looped(config: Config, n_cols: int) -> bool:
 def row_bucket(n_rows: int, n_cols: int) -> tuple[int, int, bool]:
     """Rows and row length rounded up to powers of two, and whether the row length is a multiple of 16."""
     return pow2(n_rows), pow2(n_cols), aligned16(n_cols)
+
+
+def single_block_impl(launcher: Callable[..., Any], kernel: LazyKernel, n_cols: Callable[..., int]) -> TritonImpl:
+    """The ``single_block`` implementation of a row-wise op; ``n_cols(*args)`` gives its row length."""
+    return TritonImpl(
+        "single_block",
+        launcher,
+        (kernel,),
+        supports=lambda *args: fits_one_block(n_cols(*args)),
+        configs=SINGLE_BLOCK_CONFIGS,
+        default_config=lambda *args: single_block_default(n_cols(*args)),
+        prune=lambda config, *args: prune_single_block(config, n_cols(*args)),
+    )
+
+
+def looped_impl(launcher: Callable[..., Any], kernel: LazyKernel, n_cols: Callable[..., int]) -> TritonImpl:
+    """The ``looped`` implementation of a row-wise op, for rows of any length."""
+    return TritonImpl(
+        "looped",
+        launcher,
+        (kernel,),
+        configs=LOOPED_CONFIGS,
+        default_config=LOOPED_DEFAULT,
+        prune=lambda config, *args: prune_looped(config, n_cols(*args)),
+    )

@@ -9,7 +9,7 @@ from kernelgate.config import Config
 from kernelgate.contract import ScalarArg, TensorArg
 from kernelgate.launch import LazyKernel, as_rows, cdiv, empty, launch
 from kernelgate.library import Backward
-from kernelgate.op import Op, TritonImpl
+from kernelgate.op import Op
 from kernelgate.ops.rms_norm.reference import rms_norm_backward_reference, rms_norm_reference
 
 __all__ = ["rms_norm", "rms_norm_backward"]
@@ -113,17 +113,7 @@ rms_norm_backward = Op(
         TensorArg("weight", rank=1, sizes={0: ("x", -1)}, optional=True),
         ScalarArg("eps", kind=float, min=0.0),
     ),
-    implementations=(
-        TritonImpl(
-            "single_block",
-            _launch_backward,
-            (RMS_NORM_BWD,),
-            supports=lambda grad, x, weight, eps: rowwise.fits_one_block(x.shape[-1]),
-            configs=rowwise.SINGLE_BLOCK_CONFIGS,
-            default_config=lambda grad, x, weight, eps: rowwise.single_block_default(x.shape[-1]),
-            prune=lambda config, grad, x, weight, eps: rowwise.prune_single_block(config, x.shape[-1]),
-        ),
-    ),
+    implementations=(rowwise.single_block_impl(_launch_backward, RMS_NORM_BWD, lambda grad, x, *_: x.shape[-1]),),
     bucket=lambda grad, x, weight, eps: _bucket(x, weight, eps),
     reduction_length=lambda grad, x, weight, eps: int(x.numel() // max(x.shape[-1], 1)) + int(x.shape[-1]),
     returns="(Tensor, Tensor)",
@@ -147,23 +137,8 @@ rms_norm = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        TritonImpl(
-            "single_block",
-            _launch_single_block,
-            (RMS_NORM_FWD,),
-            supports=lambda x, weight, eps: rowwise.fits_one_block(x.shape[-1]),
-            configs=rowwise.SINGLE_BLOCK_CONFIGS,
-            default_config=lambda x, weight, eps: rowwise.single_block_default(x.shape[-1]),
-            prune=lambda config, x, weight, eps: rowwise.prune_single_block(config, x.shape[-1]),
-        ),
-        TritonImpl(
-            "looped",
-            _launch_looped,
-            (RMS_NORM_FWD_LOOPED,),
-            configs=rowwise.LOOPED_CONFIGS,
-            default_config=rowwise.LOOPED_DEFAULT,
-            prune=lambda config, x, weight, eps: rowwise.prune_looped(config, x.shape[-1]),
-        ),
+        rowwise.single_block_impl(_launch_single_block, RMS_NORM_FWD, lambda x, *_: x.shape[-1]),
+        rowwise.looped_impl(_launch_looped, RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1]),
     ),
     bucket=_bucket,
     reduction_length=_row_length,

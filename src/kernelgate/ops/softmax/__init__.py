@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from kernelgate import rowwise
@@ -55,33 +58,15 @@ def _make_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
 
 
 def _row_impls(
-    launch_single: object, launch_looped: object, kernels: tuple[LazyKernel, LazyKernel]
+    launch_single: Callable[..., Any], launch_looped: Callable[..., Any], kernels: tuple[LazyKernel, LazyKernel]
 ) -> tuple[TritonImpl, ...]:
-    """A single-block and a looped implementation of a row-wise op whose last two arguments are (tensor, dim)."""
+    """Single-block and looped implementations of a row-wise op whose last two arguments are (tensor, dim)."""
 
-    def n(*args: object) -> int:
-        x, dim = args[-2], args[-1]
-        assert isinstance(x, torch.Tensor) and isinstance(dim, int)
-        return _row_length(x, dim)
+    def n_cols(*args: Any) -> int:
+        return _row_length(args[-2], args[-1])
 
-    return (
-        TritonImpl(
-            "single_block",
-            launch_single,  # type: ignore[arg-type]
-            (kernels[0],),
-            supports=lambda *a: rowwise.fits_one_block(n(*a)),
-            configs=rowwise.SINGLE_BLOCK_CONFIGS,
-            default_config=lambda *a: rowwise.single_block_default(n(*a)),
-            prune=lambda config, *a: rowwise.prune_single_block(config, n(*a)),
-        ),
-        TritonImpl(
-            "looped",
-            launch_looped,  # type: ignore[arg-type]
-            (kernels[1],),
-            configs=rowwise.LOOPED_CONFIGS,
-            default_config=rowwise.LOOPED_DEFAULT,
-            prune=lambda config, *a: rowwise.prune_looped(config, n(*a)),
-        ),
+    return rowwise.single_block_impl(launch_single, kernels[0], n_cols), rowwise.looped_impl(
+        launch_looped, kernels[1], n_cols
     )
 
 

@@ -568,36 +568,38 @@ class Op:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = args if not kwargs and len(args) == self._arity else self._bind(args, kwargs)
-        if self.torch_op is not None:
-            # torch.compile traces the op as one node; autograd goes through the operator's
-            # registered backward. Plain eager calls skip the PyTorch dispatcher.
-            if torch.compiler.is_compiling():
-                return self.torch_op(*values)
-            grad = torch.is_grad_enabled()
-            for i in self._tensor_positions:
-                v = values[i]
-                # Tensors that are not plain (fake, functional: a trace such as AOT autograd's of a
-                # backward) must meet the operator, whose fake implementation traces.
-                if isinstance(v, torch.Tensor) and (
-                    (grad and v.requires_grad) or (type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter)
-                ):
-                    return self.torch_op(*values)
-        return self._call_untraced(values)
+        # torch.compile traces the op as one node (the operator); plain eager calls skip the
+        # PyTorch dispatcher unless autograd or a trace needs it (decided in _dispatch).
+        if self.torch_op is not None and torch.compiler.is_compiling():
+            return self.torch_op(*values)
+        return self._dispatch(values, self.torch_op is not None)
 
     def _call_untraced(self, values: tuple[Any, ...]) -> Any:
+        """The op's own dispatch, as the PyTorch operator's implementation runs it."""
+        return self._dispatch(values, False)
+
+    def _dispatch(self, values: tuple[Any, ...], via_operator: bool) -> Any:
         # The hot path: everything a plan depends on is read cheaply into a signature, and a
         # signature seen before skips validation and planning. Kept flat on purpose (each Python
-        # call costs about 0.1 us, and the whole path aims at about 2 us).
+        # call costs about 0.1 us, and the whole path aims at about 2 us). With ``via_operator``,
+        # a tensor that needs autograd, or one that is not plain (fake, functional: a trace such
+        # as AOT autograd's of a backward), sends the call through the PyTorch operator instead.
         current = _settings_module._current or settings()
         per_op = _mode_ops.get()
         mode = (per_op.get(self.name) if per_op else None) or self.mode or _mode_all.get() or current.mode
         interpret = _interpret.get()
         if interpret is None:
             interpret = current.interpret
-        signature = [mode, interpret, _settings_module._generation, torch.is_grad_enabled(), inside_torch_op.active]
+        grad = torch.is_grad_enabled()
+        signature = [mode, interpret, _settings_module._generation, grad, inside_torch_op.active]
         for v in values:
             if isinstance(v, torch.Tensor):
-                signature.append((v.dtype, v.shape, v.stride(), v.device, v.requires_grad))
+                requires_grad = v.requires_grad
+                if via_operator and (
+                    (grad and requires_grad) or (type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter)
+                ):
+                    return self.torch_op(*values)
+                signature.append((v.dtype, v.shape, v.stride(), v.device, requires_grad))
             else:
                 signature.append((type(v), v))
         memo_key: tuple[Any, ...] | None = tuple(signature)

@@ -23,5 +23,6 @@ python3 -m kernelgate doctor > "$out/doctor.txt" 2>&1
 python3 -m kernelgate cache show > "$out/cache.txt" 2>&1
 fi
 python3 benchmarks/overhead.py --out "$out/overhead.json" > "$out/overhead.txt" 2>&1
-[ -f "$out/demo-warm.txt" ] && tail -n 12 "$out/demo-warm.txt"; cat "$out/overhead.txt"
+python3 benchmarks/memory.py --out "$out/memory.json" > "$out/memory.txt" 2>&1
+[ -f "$out/demo-warm.txt" ] && tail -n 12 "$out/demo-warm.txt"; cat "$out/overhead.txt" "$out/memory.txt"
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"

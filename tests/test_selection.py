@@ -713,3 +713,29 @@ def test_a_cached_decision_is_not_applied_to_inputs_its_implementation_refuses()
         calls.clear()
         op(torch.ones(3))  # bucket 4 too, but even_only refuses it
     assert "even_only" not in calls
+
+
+def test_a_demoting_call_of_a_mutating_op_leaves_the_reference_result_in_place() -> None:
+    """When check mode demotes an op that accumulates into ``out``, ``out`` ends as the reference left it, computed
+    from its value before the call (not from what the wrong kernel wrote)."""
+
+    def reference(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.add_(x * 2)
+
+    def wrong(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.add_(x * 3)
+
+    op = Op(
+        "kgsel_mutate_demote",
+        reference=reference,
+        args=(TensorArg("x"), TensorArg("out")),
+        implementations=(TritonImpl("wrong", wrong),),
+        mutates=("out",),
+        register=False,
+    )
+    kernelgate.configure(mode="check", tune=False, check_action="demote")
+    x, out = torch.ones(4), torch.full((4,), 10.0)
+    with kernelgate.use_interpreter(), pytest.warns(CheckWarning):
+        result = op(x, out)
+    assert torch.equal(out, torch.full((4,), 12.0))
+    assert result.data_ptr() == out.data_ptr()

@@ -649,8 +649,9 @@ class Op:
                 if expected is not None:
                     from kernelgate.check import check_result
 
-                    if check_result(self, plan, values, result, expected[0], expected[1], current):
-                        result = self._adopt_reference(values, expected[0])
+                    reference_result, before, after = expected
+                    if check_result(self, plan, values, result, reference_result, before, current):
+                        result = self._adopt_reference(values, reference_result, after)
                 if log_path is not None:
                     self._log(log_path, plan, mode, values, start, launches, notes)
                 return result
@@ -692,26 +693,27 @@ class Op:
 
     # --- check mode -------------------------------------------------------------------------
 
-    def _adopt_reference(self, values: tuple[Any, ...], expected: Any) -> Any:
-        """After a demotion: the reference's result, written into mutated arguments as the op would."""
+    def _adopt_reference(self, values: tuple[Any, ...], expected: Any, after: tuple[Any, ...]) -> Any:
+        """After a demotion: the reference's result; what it wrote into copies of the mutated
+        arguments is copied into the caller's tensors, and a returned copy becomes the caller's tensor."""
         for i in self.mutated_positions:
             if isinstance(values[i], torch.Tensor):
-                values[i].copy_(self._reference_mutation(values, i))
+                values[i].copy_(after[i])
+                if expected is after[i]:
+                    expected = values[i]
         return expected
 
-    def _reference_mutation(self, values: tuple[Any, ...], i: int) -> torch.Tensor:
-        inputs = clone_args(values, self.mutated_positions)
-        self.reference(*inputs)
-        written: torch.Tensor = inputs[i]
-        return written
-
-    def _check_expected(self, values: tuple[Any, ...], current: Settings) -> tuple[Any, tuple[Any, ...]] | None:
-        """For a sampled call in check mode: the reference's result and the inputs as they were."""
+    def _check_expected(
+        self, values: tuple[Any, ...], current: Settings
+    ) -> tuple[Any, tuple[Any, ...], tuple[Any, ...]] | None:
+        """For a sampled call in check mode: the reference's result, the inputs as they were before the
+        call, and the arguments the reference ran on (its writes to mutated arguments are in there)."""
         self._calls += 1
         if self._calls % current.check_every:
             return None
-        inputs = clone_args(values, self.mutated_positions)
-        return self.reference(*clone_args(inputs, self.mutated_positions)), inputs
+        before = clone_args(values, self.mutated_positions)
+        after = clone_args(before, self.mutated_positions)
+        return self.reference(*after), before, after
 
     # --- logging ----------------------------------------------------------------------------
 

@@ -40,9 +40,6 @@ from kernelgate.contract import ArgSpec, TensorArg, check_inputs, validate_specs
 from kernelgate.dispatch import (
     Plan,
     Reason,
-    _interpret,
-    _mode_all,
-    _mode_ops,
     count_fallback,
     effective_interpret,
     effective_mode,
@@ -350,17 +347,16 @@ class Op:
 
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """Check the inputs and return the path a call with them takes (tuning the bucket if it is new)."""
-        values = self._bind(args, kwargs)
         current = settings()
         mode = effective_mode(self.name, self.mode, current.mode)
-        return self._resolve(values, mode, effective_interpret(current.interpret), current)
+        return self._resolve(self._bind(args, kwargs), mode, effective_interpret(current.interpret), current)
 
     def explain(self, *args: Any, **kwargs: Any) -> Plan:
         """Like :meth:`plan`, but never tunes: an untuned bucket reports its default configuration."""
-        values = self._bind(args, kwargs)
         current = settings()
         mode = effective_mode(self.name, self.mode, current.mode)
-        return self._resolve(values, mode, effective_interpret(current.interpret), current, allow_tune=False)
+        interpret = effective_interpret(current.interpret)
+        return self._resolve(self._bind(args, kwargs), mode, interpret, current, allow_tune=False)
 
     def _resolve(
         self, values: tuple[Any, ...], mode: Mode, interpret: bool, current: Settings, allow_tune: bool = True
@@ -585,11 +581,8 @@ class Op:
         # a tensor that needs autograd, or one that is not plain (fake, functional: a trace such
         # as AOT autograd's of a backward), sends the call through the PyTorch operator instead.
         current = _settings_module._current or settings()
-        per_op = _mode_ops.get()
-        mode = (per_op.get(self.name) if per_op else None) or self.mode or _mode_all.get() or current.mode
-        interpret = _interpret.get()
-        if interpret is None:
-            interpret = current.interpret
+        mode = effective_mode(self.name, self.mode, current.mode)
+        interpret = effective_interpret(current.interpret)
         grad = torch.is_grad_enabled()
         signature = [mode, interpret, _settings_module._generation, grad, inside_torch_op.active]
         for v in values:

@@ -183,7 +183,7 @@ def test_launch_refuses_a_grid_over_the_hardware_limit() -> None:
     with pytest.raises(Unsupported, match=r"^grid-too-large: grid axis 2 needs 65536 programs") as info:
         kernelgate.launch(Kernel(), (1, 1, 65536))
     assert (info.value.reason, touched) == ("grid-too-large", [])
-    built = kernelgate.unsupported("shape-unsupported", "too wide")
+    built = kernelgate.Unsupported("shape-unsupported", "too wide")
     assert (built.reason, built.detail, str(built)) == ("shape-unsupported", "too wide", "shape-unsupported: too wide")
 
 

@@ -35,6 +35,7 @@ from kernelgate.errors import (
 )
 from kernelgate.launch import (
     LazyKernel,
+    Unsupported,
     as_contiguous,
     as_rows,
     block_size,
@@ -44,7 +45,6 @@ from kernelgate.launch import (
     launch,
     next_power_of_2,
     num_warps_for,
-    unsupported,
 )
 from kernelgate.library import Backward
 from kernelgate.op import HALF_AND_FLOAT, Op, TritonImpl, get_op, registered_ops
@@ -86,6 +86,7 @@ __all__ = [
     "TensorArg",
     "TritonImpl",
     "TritonUnavailableError",
+    "Unsupported",
     "__version__",
     "as_contiguous",
     "as_rows",
@@ -110,7 +111,6 @@ __all__ = [
     "softmax",
     "softmax_backward",
     "tolerance",
-    "unsupported",
     "use_interpreter",
     "use_mode",
 ]

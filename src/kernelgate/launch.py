@@ -32,12 +32,13 @@ __all__ = [
     "launch",
     "next_power_of_2",
     "num_warps_for",
-    "unsupported",
 ]
 
 
 class Unsupported(Exception):
     """Raised by a launcher, before it launches anything, when it cannot run these valid inputs.
+
+    ``raise kernelgate.Unsupported("shape-unsupported", "rows wider than 65536")``.
 
     The dispatcher turns it into a reference-path call with the given reason (or, in mode
     ``triton``, into :class:`~kernelgate.errors.TritonUnavailableError`).
@@ -47,11 +48,6 @@ class Unsupported(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-def unsupported(reason: str, detail: str) -> Unsupported:
-    """Build the exception a launcher raises for inputs it cannot run: ``raise unsupported(...)``."""
-    return Unsupported(reason, detail)
 
 
 class LazyKernel:

@@ -23,7 +23,7 @@ import torch
 
 from kernelgate.config import Config, config_label
 from kernelgate.launch import Unsupported, call_state
-from kernelgate.tolerance import assert_close
+from kernelgate.tolerance import assert_close, tolerance
 
 if TYPE_CHECKING:
     from kernelgate.op import Op, TritonImpl
@@ -98,8 +98,6 @@ def _describe(actual: torch.Tensor, expected: torch.Tensor, output: int) -> Mism
     diff = torch.where(bad_nan, torch.full_like(diff, float("inf")), diff)
     rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
     tol = torch.zeros_like(diff)
-    from kernelgate.tolerance import tolerance
-
     bound = tolerance(expected.dtype) if expected.dtype.is_floating_point else None
     if bound is not None:
         tol = bound.atol + bound.rtol * e.abs()

@@ -11,6 +11,7 @@ import torch
 
 import kernelgate
 from kernelgate import (
+    ChoiceArg,
     DeclarationError,
     DeviceError,
     DimArg,
@@ -19,6 +20,7 @@ from kernelgate import (
     InputValueError,
     Op,
     ScalarArg,
+    ShapeArg,
     TensorArg,
     TritonImpl,
 )
@@ -488,7 +490,88 @@ def test_dim_of_an_optional_tensor_is_a_declaration_error() -> None:
 
 def test_non_spec_contract_entries_are_declaration_errors() -> None:
     """Contract entries that are not specs, and references without a signature, raise DeclarationError."""
-    with pytest.raises(DeclarationError, match=r"must be a TensorArg, ScalarArg or DimArg; got 'x'"):
+    with pytest.raises(
+        DeclarationError, match=r"must be a TensorArg, ScalarArg, DimArg, ChoiceArg or ShapeArg; got 'x'"
+    ):
         kernelgate.Op("kgtest_bad_spec", reference=lambda x: x, args=("x",), register=False)  # type: ignore[arg-type]
     with pytest.raises(DeclarationError, match=r"cannot read the reference's parameters"):
         kernelgate.Op("kgtest_no_sig", reference=max, args=(), register=False)
+
+
+# --- choice and shape arguments -------------------------------------------------------------------
+
+
+def _pick(x: torch.Tensor, reduction: str) -> torch.Tensor:
+    return x.sum() if reduction == "sum" else x
+
+
+def _normalise(x: torch.Tensor, normalized_shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, normalized_shape)
+
+
+PICK = Op(
+    "kgtest_pick", reference=_pick, args=(TensorArg("x"), ChoiceArg("reduction", ("none", "sum"))), register=False
+)
+NORMALISE = Op(
+    "kgtest_normalise",
+    reference=_normalise,
+    args=(TensorArg("x"), ShapeArg("normalized_shape", of="x")),
+    register=False,
+)
+
+
+@pytest.mark.parametrize(("value", "error"), [("mean", InputValueError), (None, InputTypeError), (1, InputTypeError)])
+def test_choice_outside_the_set(value: Any, error: type[Exception]) -> None:
+    """A ChoiceArg names its choices, what came, and the remedy."""
+    with pytest.raises(error, match=r"kgtest_pick\(\): argument 'reduction' must be 'none' or 'sum'; got .*Pass one"):
+        PICK(torch.ones(2), value)
+
+
+def test_choice_in_the_set_runs() -> None:
+    assert PICK(torch.ones(3), "sum").item() == 3.0
+
+
+@pytest.mark.parametrize("shape", [(4,), [4], torch.Size([3, 4])])
+def test_shape_matching_the_trailing_sizes_runs(shape: Any) -> None:
+    """A tuple, list or torch.Size equal to the trailing sizes is accepted, as by torch.nn.functional."""
+    x = torch.randn(2, 3, 4)
+    assert torch.equal(NORMALISE(x, shape), torch.nn.functional.layer_norm(x, shape))
+
+
+@pytest.mark.parametrize(
+    ("shape", "error", "message"),
+    [
+        ((5,), InputValueError, r"must equal the trailing sizes of 'x' \(shape \(2, 3, 4\)\); got \(5,\)"),
+        ((1, 2, 3, 4), InputValueError, r"must equal the trailing sizes"),
+        ((), InputTypeError, r"must be a non-empty tuple of ints; got tuple \(\)"),
+        ((4.0,), InputTypeError, r"must be a non-empty tuple of ints"),
+        ("4", InputTypeError, r"must be a non-empty tuple of ints"),
+        (4, InputTypeError, r"must be a non-empty tuple of ints; got int 4"),
+    ],
+)
+def test_shape_not_matching(shape: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        NORMALISE(torch.randn(2, 3, 4), shape)
+
+
+def test_shape_of_an_optional_tensor_is_a_declaration_error() -> None:
+    with pytest.raises(DeclarationError, match=r"ShapeArg 's' cannot refer to the optional tensor 'x'"):
+        Op(
+            "kgtest_shape_optional",
+            reference=lambda x, s: x,
+            args=(TensorArg("x", optional=True), ShapeArg("s", of="x")),
+            register=False,
+        )
+
+
+def test_choice_needs_string_choices() -> None:
+    with pytest.raises(DeclarationError, match=r"choices must be a non-empty tuple of str"):
+        ChoiceArg("reduction", ())
+
+
+def test_choice_and_shape_in_operator_schemas() -> None:
+    """The registered operator carries str and SymInt[] parameters, and runs through torch.ops."""
+    from kernelgate.library import schema
+
+    specs = (TensorArg("x"), ShapeArg("normalized_shape", of="x"), ChoiceArg("reduction", ("none",)))
+    assert schema("t", specs, "Tensor", ()) == "(Tensor x, SymInt[] normalized_shape, str reduction) -> Tensor"

@@ -15,7 +15,7 @@ import importlib.metadata
 
 from kernelgate import bucket, nn, tolerance
 from kernelgate.config import Config, ConfigSpace
-from kernelgate.contract import FLOAT_DTYPES, DimArg, ScalarArg, TensorArg
+from kernelgate.contract import FLOAT_DTYPES, ChoiceArg, DimArg, ScalarArg, ShapeArg, TensorArg
 from kernelgate.dispatch import FallbackRecord, Plan, Reason, fallbacks, reset_fallbacks, use_interpreter, use_mode
 from kernelgate.errors import (
     CacheWarning,
@@ -63,6 +63,7 @@ __all__ = [
     "CacheWarning",
     "CheckError",
     "CheckWarning",
+    "ChoiceArg",
     "Config",
     "ConfigSpace",
     "DeclarationError",
@@ -83,6 +84,7 @@ __all__ = [
     "ScalarArg",
     "Settings",
     "SettingsError",
+    "ShapeArg",
     "TensorArg",
     "TritonImpl",
     "TritonUnavailableError",

@@ -21,7 +21,7 @@ import torch
 
 from kernelgate.errors import DeclarationError, DeviceError, InputTypeError, InputValueError
 
-__all__ = ["FLOAT_DTYPES", "ArgSpec", "DimArg", "ScalarArg", "TensorArg", "check_inputs"]
+__all__ = ["FLOAT_DTYPES", "ArgSpec", "ChoiceArg", "DimArg", "ScalarArg", "ShapeArg", "TensorArg", "check_inputs"]
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -89,15 +89,41 @@ class DimArg:
     of: str
 
 
-ArgSpec = Union[TensorArg, ScalarArg, DimArg]  # noqa: UP007 (a runtime alias; X | Y needs 3.10 types)
+@dataclasses.dataclass(frozen=True)
+class ChoiceArg:
+    """A string parameter taking one of a fixed set of values (``reduction="mean"``)."""
+
+    name: str
+    choices: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.choices or not all(isinstance(c, str) for c in self.choices):
+            raise DeclarationError(f"ChoiceArg {self.name!r}: choices must be a non-empty tuple of str.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeArg:
+    """A sequence of ints equal to the trailing sizes of the tensor parameter ``of``.
+
+    As ``normalized_shape`` in :func:`torch.nn.functional.layer_norm`: ``(N,)`` for a tensor of shape
+    ``(..., N)``. A tuple (or ``torch.Size``) keeps calls on the fast path; a list works too.
+    """
+
+    name: str
+    of: str
+
+
+ArgSpec = Union[TensorArg, ScalarArg, DimArg, ChoiceArg, ShapeArg]  # noqa: UP007 (a runtime alias)
+_SPEC_TYPES = (TensorArg, ScalarArg, DimArg, ChoiceArg, ShapeArg)
 
 
 def validate_specs(op_name: str, specs: Sequence[ArgSpec], param_names: Sequence[str]) -> None:
     """Reject a contract that does not describe the reference's parameters one to one."""
     for spec in specs:
-        if not isinstance(spec, (TensorArg, ScalarArg, DimArg)):
+        if not isinstance(spec, _SPEC_TYPES):
             raise DeclarationError(
-                f"op {op_name!r}: each contract entry must be a TensorArg, ScalarArg or DimArg; got {spec!r}."
+                f"op {op_name!r}: each contract entry must be a TensorArg, ScalarArg, DimArg, ChoiceArg or "
+                f"ShapeArg; got {spec!r}."
             )
     names = [s.name for s in specs]
     if names != list(param_names):
@@ -109,11 +135,11 @@ def validate_specs(op_name: str, specs: Sequence[ArgSpec], param_names: Sequence
     for spec in specs:
         refs = [other for other, _ in spec.sizes.values()] if isinstance(spec, TensorArg) else []
         refs += [spec.same_shape_as] if isinstance(spec, TensorArg) and spec.same_shape_as else []
-        refs += [spec.of] if isinstance(spec, DimArg) else []
+        refs += [spec.of] if isinstance(spec, (DimArg, ShapeArg)) else []
         optional = {s.name for s in specs if isinstance(s, TensorArg) and s.optional}
-        if isinstance(spec, DimArg) and spec.of in optional:
+        if isinstance(spec, (DimArg, ShapeArg)) and spec.of in optional:
             raise DeclarationError(
-                f"op {op_name!r}: DimArg {spec.name!r} cannot refer to the optional tensor {spec.of!r}."
+                f"op {op_name!r}: {type(spec).__name__} {spec.name!r} cannot refer to the optional tensor {spec.of!r}."
             )
         for ref in refs:
             if ref not in earlier_tensors:
@@ -232,6 +258,31 @@ def _check_dim(op: str, spec: DimArg, value: Any, values: Mapping[str, Any]) -> 
         )
 
 
+def _check_choice(op: str, spec: ChoiceArg, value: Any) -> None:
+    if not isinstance(value, str) or value not in spec.choices:
+        options = _join([repr(c) for c in spec.choices])
+        raise (InputValueError if isinstance(value, str) else InputTypeError)(
+            f"{op}(): argument {spec.name!r} must be {options}; got {type(value).__name__} {value!r}. "
+            f"Pass one of those strings."
+        )
+
+
+def _check_shape(op: str, spec: ShapeArg, value: Any, values: Mapping[str, Any]) -> None:
+    ok = isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0
+    if not ok or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
+        raise InputTypeError(
+            f"{op}(): argument {spec.name!r} must be a non-empty tuple of ints; got {type(value).__name__} "
+            f"{value!r}. Pass the trailing sizes of {spec.of!r}, e.g. {spec.name}={spec.of}.shape[-1:]."
+        )
+    tensor = values[spec.of]
+    tail = tuple(tensor.shape[tensor.dim() - len(value) :]) if len(value) <= tensor.dim() else None
+    if tail != tuple(int(v) for v in value):
+        raise InputValueError(
+            f"{op}(): argument {spec.name!r} must equal the trailing sizes of {spec.of!r} (shape "
+            f"{_shape(tensor)}); got {tuple(value)}. Pass {spec.of}.shape[-k:] for the k dimensions to normalise."
+        )
+
+
 def check_inputs(op: str, specs: Sequence[ArgSpec], args: Sequence[Any]) -> torch.device | None:
     """Check ``args`` against ``specs``; return the tensors' common device (``None`` if no tensor).
 
@@ -256,6 +307,10 @@ def check_inputs(op: str, specs: Sequence[ArgSpec], args: Sequence[Any]) -> torc
                 )
         elif isinstance(spec, ScalarArg):
             _check_scalar(op, spec, value)
-        else:
+        elif isinstance(spec, DimArg):
             _check_dim(op, spec, value, values)
+        elif isinstance(spec, ChoiceArg):
+            _check_choice(op, spec, value)
+        else:
+            _check_shape(op, spec, value, values)
     return device

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kernelgate.contract import ArgSpec, DimArg, ScalarArg, TensorArg
+from kernelgate.contract import ArgSpec, ChoiceArg, DimArg, ScalarArg, ShapeArg, TensorArg
 from kernelgate.errors import DeclarationError
 
 if TYPE_CHECKING:
@@ -60,6 +60,10 @@ def schema(op_name: str, specs: Sequence[ArgSpec], returns: str, mutates: Sequen
         elif isinstance(spec, ScalarArg):
             kind = {float: "float", int: "int", bool: "bool"}[spec.kind]
             params.append(f"{kind} {spec.name}")
+        elif isinstance(spec, ChoiceArg):
+            params.append(f"str {spec.name}")
+        elif isinstance(spec, ShapeArg):
+            params.append(f"SymInt[] {spec.name}")
         else:  # pragma: no cover - validate_specs rejects anything else
             raise DeclarationError(f"op {op_name!r}: cannot express {spec!r} in a schema.")
     return f"({', '.join(params)}) -> {returns}"

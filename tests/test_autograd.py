@@ -240,3 +240,26 @@ def test_compiled_training_on_the_gpu(tmp_path: Path) -> None:
     """On the GPU, in mode triton with tuning on, the compiled model's losses match eager torch and its kernels ran."""
     kernelgate.configure(mode="triton", cache_dir=tmp_path / "cache")
     _compiled_training_matches_reference(torch.device("cuda"), 256, tmp_path)
+
+
+def test_backward_runs_in_the_modes_of_the_forward_call() -> None:
+    """A backward started outside use_mode/use_interpreter, even on another thread (as autograd's
+    device threads), runs its ops in the modes the forward was called in."""
+    import threading
+
+    kernelgate.configure(tune=False, warn_fallback=False)
+    x = torch.randn(4, 33, requires_grad=True)
+    with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
+        y = kernelgate.softmax(x, -1)
+    grads: list[torch.Tensor] = []
+    worker = threading.Thread(target=lambda: grads.extend(torch.autograd.grad(y, x, torch.ones_like(y))))
+    worker.start()
+    worker.join()
+    assert len(grads) == 1
+    # On this CPU machine, softmax_backward outside the interpreter would take the reference.
+    assert [r for r in kernelgate.fallbacks() if r.op == "softmax_backward"] == []
+    assert_close(grads[0], torch.zeros_like(x), reduction_length=33)
+    # Without the captured modes, the same backward records a fallback.
+    y2 = kernelgate.softmax(x, -1)
+    torch.autograd.grad(y2, x, torch.ones_like(y2))
+    assert [r.op for r in kernelgate.fallbacks()] == ["softmax", "softmax_backward"]

@@ -157,6 +157,26 @@ def use_interpreter(enabled: bool = True) -> Iterator[None]:
         _interpret.reset(token)
 
 
+Overrides = tuple[Mode | None, dict[str, Mode], bool | None]
+
+
+def current_overrides() -> Overrides:
+    """The modes and interpreter choice that ``use_mode`` / ``use_interpreter`` set for this context."""
+    return _mode_all.get(), _mode_ops.get(), _interpret.get()
+
+
+@contextlib.contextmanager
+def restore_overrides(overrides: Overrides) -> Iterator[None]:
+    """Apply overrides captured by :func:`current_overrides` (autograd runs a backward on its own thread)."""
+    tokens = (_mode_all.set(overrides[0]), _mode_ops.set(overrides[1]), _interpret.set(overrides[2]))
+    try:
+        yield
+    finally:
+        _interpret.reset(tokens[2])
+        _mode_ops.reset(tokens[1])
+        _mode_all.reset(tokens[0])
+
+
 def effective_mode(op_name: str, op_mode: Mode | None, default: Mode) -> Mode:
     """The mode a call of ``op_name`` runs in (see the module docstring for the precedence)."""
     per_op = _mode_ops.get()

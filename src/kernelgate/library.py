@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kernelgate.contract import ArgSpec, ChoiceArg, DimArg, ScalarArg, ShapeArg, TensorArg
+from kernelgate.dispatch import current_overrides, restore_overrides
 from kernelgate.errors import DeclarationError
 
 if TYPE_CHECKING:
@@ -116,6 +117,8 @@ def _setup(op: Op, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ctx.save_for_backward(*tensors)
     ctx.kernelgate_layout = [None if isinstance(v, torch.Tensor) else (v,) for v in saved]
     ctx.kernelgate_needs = [isinstance(v, torch.Tensor) and v.requires_grad for v in inputs]
+    # The backward runs in the modes of the forward call, also on autograd's device threads.
+    ctx.kernelgate_overrides = current_overrides()
 
 
 def _restore(ctx: Any) -> tuple[Any, ...]:
@@ -126,10 +129,11 @@ def _restore(ctx: Any) -> tuple[Any, ...]:
 def _backward(op: Op, ctx: Any, grad_outputs: tuple[Any, ...]) -> tuple[Any, ...]:
     saved = _restore(ctx)
     grad = grad_outputs[0] if len(grad_outputs) == 1 else grad_outputs
-    if op.backward is not None:
-        grads = tuple(op.backward.grads(saved, grad))
-    else:
-        grads = _reference_grads(op, saved, grad, ctx.kernelgate_needs)
+    with restore_overrides(ctx.kernelgate_overrides):
+        if op.backward is not None:
+            grads = tuple(op.backward.grads(saved, grad))
+        else:
+            grads = _reference_grads(op, saved, grad, ctx.kernelgate_needs)
     return tuple(g if need else None for g, need in zip(grads, ctx.kernelgate_needs, strict=True))
 
 

@@ -48,7 +48,7 @@ from kernelgate.launch import (
 )
 from kernelgate.library import Backward
 from kernelgate.op import HALF_AND_FLOAT, Op, TritonImpl, get_op, registered_ops
-from kernelgate.ops import rms_norm, rms_norm_backward, softmax, softmax_backward
+from kernelgate.ops import rms_norm, rms_norm_backward, rotary_embedding, softmax, softmax_backward
 from kernelgate.settings import Settings, configure, reload_settings, settings
 
 try:
@@ -109,6 +109,7 @@ __all__ = [
     "reset_fallbacks",
     "rms_norm",
     "rms_norm_backward",
+    "rotary_embedding",
     "settings",
     "softmax",
     "softmax_backward",

@@ -1,0 +1,311 @@
+"""layer_norm: declaration, launchers and the op object ``kernelgate.layer_norm``.
+
+A normalised shape of several dims, ``(3, 4)``, is one row of 12 elements to the kernels: ``x``
+is seen as rows of ``prod(normalized_shape)`` and ``weight`` and ``bias`` as flat vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kernelgate import backend, rowwise
+from kernelgate.config import Config, ConfigSpace
+from kernelgate.contract import ScalarArg, ShapeArg, TensorArg
+from kernelgate.launch import LazyKernel, Rows, as_contiguous, as_rows, cdiv, empty, launch, num_warps_for
+from kernelgate.library import Backward
+from kernelgate.op import Op, TritonImpl
+from kernelgate.ops.layer_norm.reference import check_affine, layer_norm_backward_reference, layer_norm_reference
+
+__all__ = ["layer_norm", "layer_norm_backward"]
+
+# The kernels are imported on first launch: `import kernelgate` works without Triton.
+LAYER_NORM_FWD = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fwd_kernel")
+LAYER_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fwd_looped_kernel")
+LAYER_NORM_BWD = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_kernel")
+LAYER_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_looped_kernel")
+
+# The looped kernels keep several running sums per lane (two in the forward, four in the
+# backward), and the single-block backward holds x, dy, w and the dw and db sums: fewer elements
+# per thread than rowwise.MAX_PER_THREAD keep them in registers.
+FWD_LOOPED_PER_THREAD = 32
+BWD_PER_THREAD = 16
+# 32 warps let one program of a few long rows keep enough loads in flight.
+LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16, 32))
+FWD_LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8}
+BWD_LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 16}
+# Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
+# sums of dweight and dbias (programs x row length, float32) stay small against the data. The
+# looped backward's rows are long, so its partial sums are long too: half as many programs.
+BWD_PROGRAMS_PER_SM = 4
+BWD_LOOPED_PROGRAMS_PER_SM = 2
+# Per-row statistics the looped backward keeps between its passes: k_x, mean(x) - k_x, rstd, mean(g), mean(g * xhat).
+STATS_PER_ROW = 5
+
+
+def _n_cols(normalized_shape: Sequence[int]) -> int:
+    return math.prod(normalized_shape)
+
+
+def _rows(t: torch.Tensor, k: int, name: str) -> Rows:
+    """``t`` as rows of its last ``k`` dims flattened (a view where the strides allow)."""
+    if k > 1:
+        lead = t.shape[: t.dim() - k]
+        try:
+            t = t.view(*lead, -1)
+        except RuntimeError:
+            t = as_contiguous(t, name).view(*lead, -1)
+    return as_rows(t, name)
+
+
+def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A weight or bias as a vector of unit stride."""
+    if t is None or (t.dim() == 1 and t.stride(0) == 1):
+        return t
+    return t.reshape(-1).contiguous()
+
+
+def _run_forward(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    kernel: LazyKernel,
+    block: int,
+    num_warps: int,
+) -> torch.Tensor:
+    check_affine("layer_norm", normalized_shape, weight, bias)
+    rows = _rows(x, len(normalized_shape), "x")
+    w, b = _flat(weight), _flat(bias)
+    y = empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
+    launch(
+        kernel, (rows.n_rows,), rows.tensor,
+        rows.tensor if w is None else w,  # any pointer: the kernel reads no weight without HAS_WEIGHT
+        rows.tensor if b is None else b,
+        y, rows.stride, rows.n_cols, rows.n_cols, float(eps),
+        HAS_WEIGHT=w is not None, HAS_BIAS=b is not None, BLOCK_N=block, num_warps=num_warps,
+    )  # fmt: skip
+    return y
+
+
+def _launch_single_block(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    config: Config,
+) -> torch.Tensor:
+    block = rowwise.single_block(_n_cols(normalized_shape))
+    return _run_forward(x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD, block, config["num_warps"])
+
+
+def _launch_looped(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    config: Config,
+) -> torch.Tensor:
+    return _run_forward(
+        x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD_LOOPED, config["BLOCK_N"], config["num_warps"]
+    )
+
+
+def _programs(device: torch.device, n_rows: int, per_sm: int) -> int:
+    # Under the interpreter: few programs, each over many rows, which exercises the row loop.
+    sms = backend.multiprocessors(device) if device.type == "cuda" else 2
+    return max(1, min(n_rows, per_sm * sms))
+
+
+def _run_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    *,
+    looped: bool,
+    block: int,
+    num_warps: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    check_affine("layer_norm_backward", normalized_shape, weight, bias)
+    k = len(normalized_shape)
+    x_rows, g_rows = _rows(x, k, "x"), _rows(grad, k, "grad")
+    w = _flat(weight)
+    n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
+    per_sm = BWD_LOOPED_PROGRAMS_PER_SM if looped else BWD_PROGRAMS_PER_SM
+    rows_per_program = cdiv(n_rows, _programs(x.device, n_rows, per_sm))
+    programs = cdiv(n_rows, rows_per_program)
+    dx = empty(x.shape, dtype=x.dtype, device=x.device)
+    # One buffer of partial sums: dweight's first, then dbias's.
+    sums = int(w is not None) + int(bias is not None)
+    partial = torch.empty((sums, programs, n_cols) if sums else (1, 1, 1), dtype=torch.float32, device=x.device)
+    # The looped kernel keeps each row's statistics here between its two passes.
+    stats = (torch.empty((n_rows, STATS_PER_ROW), dtype=torch.float32, device=x.device),) if looped else ()
+    launch(
+        LAYER_NORM_BWD_LOOPED if looped else LAYER_NORM_BWD, (programs,), g_rows.tensor, x_rows.tensor,
+        x_rows.tensor if w is None else w, dx, partial[0], partial[sums - 1], *stats,
+        g_rows.stride, x_rows.stride, n_cols, n_rows, n_cols, float(eps), rows_per_program,
+        HAS_WEIGHT=w is not None, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=num_warps,
+    )  # fmt: skip
+    total = partial.sum(dim=1) if sums else partial
+    dw = total[0].to(weight.dtype).view(weight.shape) if weight is not None else x.new_empty(0)
+    # Copied when both are there, so that dweight and dbias never share memory.
+    db = total[sums - 1].to(bias.dtype, copy=sums == 2).view(bias.shape) if bias is not None else x.new_empty(0)
+    return dx, dw, db
+
+
+def _launch_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    block = rowwise.single_block(_n_cols(normalized_shape))
+    return _run_backward(
+        grad, x, normalized_shape, weight, bias, eps, looped=False, block=block, num_warps=config["num_warps"]
+    )
+
+
+def _launch_backward_looped(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _run_backward(
+        grad, x, normalized_shape, weight, bias, eps, looped=True, block=config["BLOCK_N"],
+        num_warps=config["num_warps"],
+    )  # fmt: skip
+
+
+def _fits(block: int, num_warps: int, per_thread: int) -> bool:
+    return rowwise.per_thread_ok(block, num_warps) and block // (32 * num_warps) <= per_thread
+
+
+def _looped_impl(launcher: Any, kernel: LazyKernel, n_cols: Any, default: Config, per_thread: int) -> TritonImpl:
+    """A looped implementation: any row length, blocks no longer than the row, ``per_thread`` elements at most."""
+
+    def prune(config: Config, *args: Any) -> bool:
+        block = config["BLOCK_N"]
+        return block <= rowwise.single_block(n_cols(*args)) and _fits(block, config["num_warps"], per_thread)
+
+    return TritonImpl("looped", launcher, (kernel,), configs=LOOPED_CONFIGS, default_config=default, prune=prune)
+
+
+def _bwd_single_block_impl(n_cols: Any) -> TritonImpl:
+    """The single-block backward: rows up to rowwise.MAX_SINGLE_BLOCK, at most BWD_PER_THREAD elements per thread."""
+    return TritonImpl(
+        "single_block",
+        _launch_backward,
+        (LAYER_NORM_BWD,),
+        supports=lambda *args: rowwise.fits_one_block(n_cols(*args)),
+        configs=rowwise.SINGLE_BLOCK_CONFIGS,
+        default_config=lambda *args: {
+            "num_warps": num_warps_for(rowwise.single_block(n_cols(*args)), elements_per_thread=8, hi=32)
+        },
+        prune=lambda config, *args: _fits(rowwise.single_block(n_cols(*args)), config["num_warps"], BWD_PER_THREAD),
+    )
+
+
+def _bucket(
+    x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None, bias: torch.Tensor | None
+) -> tuple[int, int, bool, bool, bool]:
+    n = _n_cols(normalized_shape)
+    return (*rowwise.row_bucket(x.numel() // max(n, 1), n), weight is not None, bias is not None)
+
+
+def _make_inputs(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, tuple[int, ...], torch.Tensor, torch.Tensor, float]:
+    x, w, b = (torch.randn(s, device=device).to(dtype) for s in (shape, shape[-1:], shape[-1:]))
+    return x, tuple(shape[-1:]), w, b, 1e-5
+
+
+def _make_backward_inputs(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...], torch.Tensor, torch.Tensor, float]:
+    grad, x, w, b = (torch.randn(s, device=device).to(dtype) for s in (shape, shape, shape[-1:], shape[-1:]))
+    return grad, x, tuple(shape[-1:]), w, b, 1e-5
+
+
+def _bwd_n_cols(grad: torch.Tensor, x: torch.Tensor, normalized_shape: Sequence[int], *_: Any) -> int:
+    return _n_cols(normalized_shape)
+
+
+def _fwd_n_cols(x: torch.Tensor, normalized_shape: Sequence[int], *_: Any) -> int:
+    return _n_cols(normalized_shape)
+
+
+layer_norm_backward = Op(
+    "layer_norm_backward",
+    reference=layer_norm_backward_reference,
+    args=(
+        TensorArg("grad", min_rank=1),
+        TensorArg("x", same_shape_as="grad"),
+        ShapeArg("normalized_shape", of="x"),
+        # Their shape must equal normalized_shape, which the launchers and the reference check.
+        TensorArg("weight", optional=True),
+        TensorArg("bias", optional=True),
+        ScalarArg("eps", kind=float, min=0.0),
+    ),
+    implementations=(
+        _bwd_single_block_impl(_bwd_n_cols),
+        _looped_impl(_launch_backward_looped, LAYER_NORM_BWD_LOOPED, _bwd_n_cols, BWD_LOOPED_DEFAULT, BWD_PER_THREAD),
+    ),
+    bucket=lambda grad, x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),
+    # dx reduces over a row, dweight and dbias over all rows.
+    reduction_length=lambda grad, x, normalized_shape, weight, bias, eps: (
+        x.numel() // max(_n_cols(normalized_shape), 1) + _n_cols(normalized_shape)
+    ),
+    returns="(Tensor, Tensor, Tensor)",
+    make_inputs=_make_backward_inputs,
+)
+
+
+def _layer_norm_grads(saved: tuple[Any, ...], grad: torch.Tensor) -> tuple[Any, ...]:
+    x, normalized_shape, weight, bias, eps = saved
+    dx, dw, db = layer_norm_backward(grad, x, tuple(normalized_shape), weight, bias, eps)
+    return dx, None, (dw if weight is not None else None), (db if bias is not None else None), None
+
+
+layer_norm = Op(
+    "layer_norm",
+    reference=layer_norm_reference,
+    args=(
+        TensorArg("x", min_rank=1),
+        ShapeArg("normalized_shape", of="x"),
+        # Their shape must equal normalized_shape, which the launchers and the reference check.
+        TensorArg("weight", optional=True),
+        TensorArg("bias", optional=True),
+        ScalarArg("eps", kind=float, min=0.0),
+    ),
+    implementations=(
+        rowwise.single_block_impl(_launch_single_block, LAYER_NORM_FWD, _fwd_n_cols),
+        _looped_impl(_launch_looped, LAYER_NORM_FWD_LOOPED, _fwd_n_cols, FWD_LOOPED_DEFAULT, FWD_LOOPED_PER_THREAD),
+    ),
+    bucket=lambda x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),
+    reduction_length=lambda x, normalized_shape, weight, bias, eps: _n_cols(normalized_shape),
+    # The gradient needs x (held by autograd anyway), the weight, and the bias's presence and
+    # dtype; mean and rstd are recomputed in the backward kernels rather than kept, so the forward
+    # allocates nothing extra for them.
+    backward=Backward(save=lambda inputs, y: tuple(inputs), grads=_layer_norm_grads),
+    make_inputs=_make_inputs,
+)

@@ -1,0 +1,286 @@
+"""Triton kernels of layer_norm. Rows are contiguous, ``stride_*m`` apart; a row is the flattened
+normalised shape (``n_cols`` elements).
+
+The forward kernels run one program per row; the backward kernels one per group of rows. All
+arithmetic is in float32, and no statistic suffers cancellation however large a row's offset from
+zero. The single-block kernels hold the row in registers: an estimate ``m0`` of the mean, then the
+deviations ``d = x - m0`` (exact for x near m0), their mean ``shift`` and mean square; ``x - mean``
+is formed as ``d - shift``, never through a rounded mean. The looped kernels subtract ``k``, the
+mean of the row's first block, and keep per lane a running mean and sum of squared deviations of
+``x - k`` (Welford's update, no reduction inside the loop), combined across lanes at the end in the
+same two steps."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _layer_norm_fwd_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    stride_xm,
+    stride_ym,
+    n_cols,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """y[m, :] = (x[m, :] - mean) * rsqrt(var + eps) * w + b for a row that fits one block.
+
+    x_ptr, y_ptr: (n_rows, n_cols); w_ptr, b_ptr: (n_cols,), read only if HAS_WEIGHT / HAS_BIAS.
+    Grid: (n_rows,). BLOCK_N >= n_cols, a power of two. The row is read once and written once.
+    """
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    d = tl.where(mask, x - tl.sum(x, axis=0) / n_cols, 0.0)
+    shift = tl.sum(d, axis=0) / n_cols
+    var = tl.maximum(tl.sum(d * d, axis=0) / n_cols - shift * shift, 0.0)
+    y = (d - shift) * (1.0 / tl.sqrt(var + eps))
+    if HAS_WEIGHT:
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_fwd_looped_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    stride_xm,
+    stride_ym,
+    n_cols,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """layer_norm of a row longer than one block: a statistics pass, then a normalising pass.
+
+    x_ptr, y_ptr: (n_rows, n_cols); w_ptr, b_ptr: (n_cols,). Grid: (n_rows,). The first pass
+    streams the row once, keeping per lane a running mean and sum of squared deviations (no
+    reduction inside the loop); the second pass goes over the blocks in reverse, so the blocks read
+    last, the likeliest still in L2, are read again first. The first pass asks L2 to keep x, the
+    second to drop it.
+    """
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride_xm
+    lanes = tl.arange(0, BLOCK_N)
+    # The lanes hold statistics of x - k, k the mean of the first block: values near zero, whose
+    # means keep their low bits (those of x itself would round to the units of x's offset).
+    mask = lanes < n_cols
+    x = tl.load(x_row + lanes, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    k = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
+    mean = tl.where(mask, x - k, 0.0)
+    m2 = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(BLOCK_N, n_cols, BLOCK_N):
+        cols = start + lanes
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        # Every lane in range has now seen start // BLOCK_N + 1 elements; lanes out of range keep theirs.
+        delta = tl.where(mask, (x - k) - mean, 0.0)
+        mean += delta * (1.0 / (start // BLOCK_N + 1))
+        m2 += delta * ((x - k) - mean)
+    # How many elements of the row each lane saw.
+    count = tl.where(lanes < n_cols, (n_cols - lanes + BLOCK_N - 1) // BLOCK_N, 0).to(tl.float32)
+    m0 = tl.sum(count * mean, axis=0) / n_cols
+    dev = tl.where(count > 0, mean - m0, 0.0)
+    shift = tl.sum(count * dev, axis=0) / n_cols
+    var = (tl.sum(m2, axis=0) + tl.sum(count * dev * dev, axis=0)) / n_cols - shift * shift
+    rstd = 1.0 / tl.sqrt(tl.maximum(var, 0.0) + eps)
+    centre = m0 + shift  # mean(x) - k
+    y_row = y_ptr + row * stride_ym
+    n_blocks = tl.cdiv(n_cols, BLOCK_N)
+    for i in range(0, n_blocks):
+        cols = (n_blocks - 1 - i) * BLOCK_N + lanes
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        y = ((x - k) - centre) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_bwd_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    dx_ptr,
+    dw_ptr,
+    db_ptr,
+    stride_dym,
+    stride_xm,
+    stride_dxm,
+    n_rows,
+    n_cols,
+    eps,
+    rows_per_program,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Gradients of layer_norm for rows that fit one block; mean and rstd are recomputed, not saved.
+
+    With xhat = (x - mean) * rstd and g = dy * w:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+    dw = sum_rows(dy * xhat),  db = sum_rows(dy).
+    dy_ptr, x_ptr, dx_ptr: (n_rows, n_cols); w_ptr: (n_cols,); dw_ptr, db_ptr: (programs, n_cols)
+    float32, one partial sum per program (summed on the host: no atomics), written only if
+    HAS_WEIGHT / HAS_BIAS. Grid: (programs,); each program takes rows_per_program consecutive rows,
+    each read once.
+    """
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    db = tl.zeros([BLOCK_N], tl.float32)
+    first = pid * rows_per_program
+    last = tl.minimum(first + rows_per_program, n_rows)
+    for row in range(first, last):
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - tl.sum(x, axis=0) / n_cols, 0.0)
+        shift = tl.sum(d, axis=0) / n_cols
+        var = tl.maximum(tl.sum(d * d, axis=0) / n_cols - shift * shift, 0.0)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        xhat = tl.where(mask, (d - shift) * rstd, 0.0)
+        g = dy * w if HAS_WEIGHT else dy
+        mean_g = tl.sum(g, axis=0) / n_cols
+        mean_gxhat = tl.sum(g * xhat, axis=0) / n_cols
+        dx = (g - mean_g - xhat * mean_gxhat) * rstd
+        tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_WEIGHT:
+            dw += dy * xhat
+        if HAS_BIAS:
+            db += dy
+    if HAS_WEIGHT:
+        tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
+    if HAS_BIAS:
+        tl.store(db_ptr + pid * n_cols + cols, db, mask=mask)
+
+
+@triton.jit
+def _layer_norm_bwd_looped_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    dx_ptr,
+    dw_ptr,
+    db_ptr,
+    stats_ptr,
+    stride_dym,
+    stride_xm,
+    stride_dxm,
+    n_rows,
+    n_cols,
+    eps,
+    rows_per_program,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Gradients of layer_norm for rows longer than one block: the formulas of ``_layer_norm_bwd_kernel``.
+
+    dy_ptr, x_ptr, dx_ptr: (n_rows, n_cols); w_ptr: (n_cols,); dw_ptr, db_ptr: (programs, n_cols)
+    float32 partial sums, one row per program; stats_ptr: (n_rows, 5) float32 scratch holding each
+    row's k_x, mean(x) - k_x, rstd, mean(g) and mean(g * xhat). Grid: (programs,); each program takes
+    rows_per_program consecutive rows.
+
+    A first pass streams each row once. Since xhat needs the mean before it is known, it keeps per
+    lane running means of x and g, the sum of squared deviations of x and the co-moment
+    sum((x - mean_x) * (g - mean_g)) (Welford's updates); sum(g * xhat) = rstd * co-moment. A second
+    pass goes column block by column block over the program's rows (in reverse, to meet what L2
+    still holds), so each block's dw and db sums stay in registers and are stored once. dy and x are
+    read twice, dx written once.
+    """
+    pid = tl.program_id(0)
+    first = pid * rows_per_program
+    last = tl.minimum(first + rows_per_program, n_rows)
+    lanes = tl.arange(0, BLOCK_N)
+    # How many elements of a row each lane sees.
+    count = tl.where(lanes < n_cols, (n_cols - lanes + BLOCK_N - 1) // BLOCK_N, 0).to(tl.float32)
+    for row in range(first, last):
+        # Statistics of x - k_x and g - k_g, k the means of the row's first block (as in the forward).
+        mask = lanes < n_cols
+        x = tl.load(x_ptr + row * stride_xm + lanes, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + row * stride_dym + lanes, mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            g = g * tl.load(w_ptr + lanes, mask=mask, other=0.0).to(tl.float32)
+        k_x = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
+        k_g = tl.sum(g, axis=0) / tl.minimum(n_cols, BLOCK_N)
+        mean_x = tl.where(mask, x - k_x, 0.0)
+        mean_g = tl.where(mask, g - k_g, 0.0)
+        m2 = tl.zeros([BLOCK_N], tl.float32)
+        co = tl.zeros([BLOCK_N], tl.float32)
+        for start in range(BLOCK_N, n_cols, BLOCK_N):
+            cols = start + lanes
+            mask = cols < n_cols
+            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32) - k_x
+            g = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_WEIGHT:
+                g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            g = g - k_g
+            inv = 1.0 / (start // BLOCK_N + 1)
+            delta = tl.where(mask, x - mean_x, 0.0)
+            mean_x += delta * inv
+            mean_g += tl.where(mask, g - mean_g, 0.0) * inv
+            m2 += delta * (x - mean_x)
+            co += delta * (g - mean_g)
+        m0 = tl.sum(count * mean_x, axis=0) / n_cols
+        dev_x = tl.where(count > 0, mean_x - m0, 0.0)
+        shift = tl.sum(count * dev_x, axis=0) / n_cols
+        g0 = tl.sum(count * mean_g, axis=0) / n_cols
+        dev_g = tl.where(count > 0, mean_g - g0, 0.0)
+        shift_g = tl.sum(count * dev_g, axis=0) / n_cols
+        var = (tl.sum(m2, axis=0) + tl.sum(count * dev_x * dev_x, axis=0)) / n_cols - shift * shift
+        cov = (tl.sum(co, axis=0) + tl.sum(count * dev_x * dev_g, axis=0)) / n_cols - shift * shift_g
+        rstd = 1.0 / tl.sqrt(tl.maximum(var, 0.0) + eps)
+        tl.store(stats_ptr + 5 * row, k_x)
+        tl.store(stats_ptr + 5 * row + 1, m0 + shift)
+        tl.store(stats_ptr + 5 * row + 2, rstd)
+        tl.store(stats_ptr + 5 * row + 3, k_g + (g0 + shift_g))
+        tl.store(stats_ptr + 5 * row + 4, cov * rstd)
+    # Every thread of the program reads the statistics stored above.
+    tl.debug_barrier()
+    n_blocks = tl.cdiv(n_cols, BLOCK_N)
+    for i in range(0, n_blocks):
+        cols = (n_blocks - 1 - i) * BLOCK_N + lanes
+        mask = cols < n_cols
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK_N], tl.float32)
+        db = tl.zeros([BLOCK_N], tl.float32)
+        for j in range(0, last - first):
+            row = last - 1 - j
+            k_x = tl.load(stats_ptr + 5 * row)
+            centre = tl.load(stats_ptr + 5 * row + 1)
+            rstd = tl.load(stats_ptr + 5 * row + 2)
+            mean_g = tl.load(stats_ptr + 5 * row + 3)
+            mean_gxhat = tl.load(stats_ptr + 5 * row + 4)
+            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+            xhat = tl.where(mask, ((x - k_x) - centre) * rstd, 0.0)
+            g = dy * w if HAS_WEIGHT else dy
+            dx = (g - mean_g - xhat * mean_gxhat) * rstd
+            tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            if HAS_WEIGHT:
+                dw += dy * xhat
+            if HAS_BIAS:
+                db += dy
+        if HAS_WEIGHT:
+            tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
+        if HAS_BIAS:
+            tl.store(db_ptr + pid * n_cols + cols, db, mask=mask)

@@ -7,6 +7,8 @@ Commands:
     cache show|export|import|clear
                            inspect, ship or reset the decision cache
     replay FILE            re-run a case saved by check mode and compare it with the reference
+    bench                  eager, torch.compile, kernelgate, its Triton kernels and Liger-Kernel side by
+                           side: a CSV, a markdown summary and plots (docs/bench.md)
 
 Exit codes:
     0  success: everything checked ran and every result matched its reference.
@@ -333,6 +335,57 @@ def replay_command(console: Console, path: Path) -> int:
     return EXIT_PROBLEM
 
 
+def bench_command(console: Console, args: argparse.Namespace) -> int:
+    """``kernelgate bench``: measure, then write the CSV, summary.md and one PNG per op (``--plot CSV``: redraw)."""
+    from kernelgate import bench
+
+    try:
+        if args.plot is not None:
+            rows = bench.read_csv(args.plot)
+            out = args.out or args.plot.parent
+        else:
+            out = args.out or Path("kernelgate-bench")
+            out.mkdir(parents=True, exist_ok=True)
+            rows = bench.run(
+                args.op or None,
+                args.dtype or None,
+                suite=args.suite,
+                quick=args.quick,
+                backward=not args.no_backward,
+                compile=not args.no_compile,
+                compile_backend=args.compile_backend,
+                liger=not args.no_liger,
+                interpret=args.interpret,
+                warmup_ms=args.warmup,
+                rep_ms=args.rep,
+                repeats=args.repeats,
+                host_calls=args.host_calls,
+                latency_bytes=int(args.latency_mib * 2**20),
+                console=console,
+                on_progress=lambda so_far: bench.write_csv(so_far, out / "bench.csv"),  # kept if interrupted
+            )
+            console.print(f"results: {bench.write_csv(rows, out / 'bench.csv')}")
+    except (bench.BenchError, OSError) as err:
+        console.print(f"[red]kernelgate bench: {err}[/red]")
+        return EXIT_USAGE
+    console.print(f"summary: {bench.write_summary(rows, out / 'summary.md')}")
+    if bench.plots_available():
+        for path in bench.write_plots(rows, out):
+            console.print(f"plot: {path}")
+    else:
+        console.print(
+            "No plots: matplotlib is not installed (pip install matplotlib, or pip install 'kernelgate[bench]'); "
+            "kernelgate bench --plot CSV draws them later from the CSV."
+        )
+    missed = bench.misses(rows)
+    if missed:
+        console.print(f"{len(missed)} target(s) missed: see the summary.")
+    errors = [r for r in rows if r.status == "error"]
+    if errors:
+        console.print(f"[red]{len(errors)} measurement(s) failed[/red]: their rows say why.")
+    return EXIT_PROBLEM if errors else EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kernelgate", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -354,6 +407,25 @@ def _parser() -> argparse.ArgumentParser:
     cache.add_argument("path", nargs="?", type=Path, help="file to export to or import from")
     replay = commands.add_parser("replay", help="re-run a case saved by check mode")
     replay.add_argument("file", type=Path)
+    bench = commands.add_parser("bench", help="measure ops side by side with eager, torch.compile and Liger-Kernel")
+    bench.add_argument("--op", action="append", default=[], help="op to measure (repeatable; default: all)")
+    bench.add_argument(
+        "--dtype", action="append", default=[], choices=("float32", "float16", "bfloat16"), help="(repeatable)"
+    )
+    bench.add_argument("--quick", action="store_true", help="the suite's short variant")
+    bench.add_argument("--suite", type=Path, help="JSON suite file replacing (or extending) the built-in one")
+    bench.add_argument("--out", type=Path, help="output folder (default ./kernelgate-bench; with --plot: the CSV's)")
+    bench.add_argument("--plot", type=Path, metavar="CSV", help="measure nothing: draw plots and summary from a CSV")
+    bench.add_argument("--no-backward", action="store_true", help="forward only")
+    bench.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    bench.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    bench.add_argument("--no-liger", action="store_true", help="skip Liger-Kernel even where it is installed")
+    bench.add_argument("--warmup", type=int, default=5, help="do_bench warm-up, ms (default 5)")
+    bench.add_argument("--rep", type=int, default=20, help="do_bench measuring time, ms (default 20)")
+    bench.add_argument("--repeats", type=int, default=1, help="interleaved rounds per measurement (median)")
+    bench.add_argument("--host-calls", type=int, default=None, help="calls per host-cost measurement")
+    bench.add_argument("--latency-mib", type=float, default=16.0, help="inputs below this are latency shapes")
+    bench.add_argument("--interpret", action="store_true", help="run Triton kernels interpreted on the CPU")
     return parser
 
 
@@ -373,6 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cache_command(console, args)
     if args.command == "replay":
         return replay_command(console, args.file)
+    if args.command == "bench":
+        return bench_command(console, args)
     if args.repeats < 1:
         console.print(f"[red]--repeats must be >= 1; got {args.repeats}[/red]")
         return EXIT_USAGE

@@ -1,0 +1,73 @@
+"""``kernelgate bench``: eager PyTorch, torch.compile, kernelgate, its Triton kernels and Liger-Kernel side by side.
+
+>>> import kernelgate.bench
+>>> spec = kernelgate.bench.spec_for("rms_norm"); spec.family, spec.dims
+('rowwise', ('M', 'N'))
+
+:func:`run` measures and returns :class:`BenchRow` rows; :func:`write_csv`, :func:`write_summary` and
+:func:`write_plots` turn them into files (``docs/bench.md`` explains each column). The suite of
+shapes is ``shapes.json`` beside this module, or a file of the same form.
+"""
+
+from __future__ import annotations
+
+from kernelgate.bench.report import (
+    COLUMNS,
+    SCHEMA_VERSION,
+    TARGETS,
+    BenchRow,
+    Provenance,
+    Targets,
+    effective_us,
+    misses,
+    plots_available,
+    print_table,
+    read_csv,
+    write_csv,
+    write_plots,
+    write_summary,
+)
+from kernelgate.bench.runner import resolve_ops, run
+from kernelgate.bench.specs import SPECS, BenchSpec, Bytes, bench_specs, spec_for
+from kernelgate.bench.suite import (
+    DEFAULT_SUITE_PATH,
+    DTYPES,
+    BenchError,
+    Case,
+    ShapeGroup,
+    Suite,
+    default_suite,
+    load_suite,
+)
+
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_SUITE_PATH",
+    "DTYPES",
+    "SCHEMA_VERSION",
+    "SPECS",
+    "TARGETS",
+    "BenchError",
+    "BenchRow",
+    "BenchSpec",
+    "Bytes",
+    "Case",
+    "Provenance",
+    "ShapeGroup",
+    "Suite",
+    "Targets",
+    "bench_specs",
+    "default_suite",
+    "effective_us",
+    "load_suite",
+    "misses",
+    "plots_available",
+    "print_table",
+    "read_csv",
+    "resolve_ops",
+    "run",
+    "spec_for",
+    "write_csv",
+    "write_plots",
+    "write_summary",
+]

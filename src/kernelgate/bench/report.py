@@ -1,0 +1,417 @@
+"""Benchmark results: the CSV schema, and what is made from it (plots, a markdown summary, tables).
+
+The CSV has one row per (op, dtype, shape, direction, implementation); :class:`BenchRow` is its
+schema and :data:`COLUMNS` its column order. Every row carries its provenance, so rows from
+different runs can be put side by side.
+
+>>> COLUMNS[:4]
+('schema_version', 'op', 'dtype', 'shape')
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kernelgate.bench.suite import BenchError
+
+__all__ = [
+    "COLUMNS",
+    "SCHEMA_VERSION",
+    "TARGETS",
+    "BenchRow",
+    "Provenance",
+    "Targets",
+    "effective_us",
+    "misses",
+    "plots_available",
+    "print_table",
+    "read_csv",
+    "write_csv",
+    "write_plots",
+    "write_summary",
+]
+
+SCHEMA_VERSION = 1
+FORWARD, FORWARD_BACKWARD = "forward", "forward+backward"
+PEERS = ("eager", "compile", "liger")
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """Where and how a run measured: the same for every row of the run."""
+
+    device: str
+    gpu: str
+    driver: str
+    torch_version: str
+    triton_version: str
+    kernelgate_version: str
+    kernelgate_commit: str
+    liger_version: str
+    timer: str
+    copy_gbps: float
+    started: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchRow:
+    """One measurement. Times in microseconds; NaN where not measured.
+
+    Attributes:
+        op, dtype: the op and the dtype of its floating-point inputs.
+        shape: the suite shape, ``"16384x4096"`` (its dimensions are named in docs/bench.md).
+        rows, row_length: the shape seen as rows (the x axis of the plots is the row length).
+        regime: ``bandwidth`` (inputs of 16 MiB or more) or ``latency``.
+        target_bytes: the byte target the row count was derived from (0 for a fixed shape).
+        direction: ``forward`` or ``forward+backward``.
+        impl: ``eager``, ``compile``, ``kernelgate``, ``triton:<implementation>`` or ``liger``.
+        status: ``ok``, ``skipped`` (not measurable here; ``note`` says why) or ``error``.
+        time_us: median time of one call (GPU: ``do_bench``, L2 flushed).
+        host_us: per call over many asynchronous calls then one synchronise (latency shapes only).
+        bytes, byte_formula: the minimal bytes moved, and how they are counted.
+        gbps, frac_of_copy: ``bytes / time``, and that over the run's copy bandwidth.
+        peak_mib: peak memory allocated during one call, above what was allocated before it.
+        first_call_ms: the first call's time (compilation, tuning, Triton JIT).
+        note: the implementation kernelgate chose, a tuned config, or why a row was skipped.
+    """
+
+    op: str
+    dtype: str
+    shape: str
+    rows: int
+    row_length: int
+    regime: str
+    target_bytes: int
+    direction: str
+    impl: str
+    status: str
+    time_us: float
+    host_us: float
+    bytes: int
+    byte_formula: str
+    gbps: float
+    copy_gbps: float
+    frac_of_copy: float
+    peak_mib: float
+    first_call_ms: float
+    note: str
+    device: str
+    gpu: str
+    driver: str
+    torch_version: str
+    triton_version: str
+    kernelgate_version: str
+    kernelgate_commit: str
+    liger_version: str
+    timer: str
+    started: str
+    schema_version: int = SCHEMA_VERSION
+
+
+COLUMNS: tuple[str, ...] = (
+    "schema_version",
+    *(f.name for f in dataclasses.fields(BenchRow) if f.name != "schema_version"),
+)
+_TYPES = {f.name: f.type for f in dataclasses.fields(BenchRow)}
+
+
+def write_csv(rows: Iterable[BenchRow], path: Path) -> Path:
+    """Write ``rows`` with a header of :data:`COLUMNS`; returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(dataclasses.asdict(row))
+    return path
+
+
+def read_csv(path: Path) -> list[BenchRow]:
+    """Read a CSV written by :func:`write_csv`.
+
+    Raises:
+        BenchError: the file is missing, or is not a bench CSV of this schema version.
+    """
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            header = tuple(reader.fieldnames or ())
+            records = list(reader)
+    except OSError as err:
+        raise BenchError(f"cannot read {str(path)!r} ({err}); give a CSV written by kernelgate bench.") from err
+    if header != COLUMNS:
+        missing = [c for c in COLUMNS if c not in header]
+        raise BenchError(
+            f"{path}: not a kernelgate bench CSV of schema {SCHEMA_VERSION} (missing columns: "
+            f"{', '.join(missing) or 'none, but the order differs'}). Write it again with kernelgate bench."
+        )
+    rows = []
+    for line, record in enumerate(records, start=2):
+        try:
+            if int(record["schema_version"]) != SCHEMA_VERSION:
+                raise ValueError(f"schema_version {record['schema_version']}, expected {SCHEMA_VERSION}")
+            values = {
+                name: int(text) if _TYPES[name] == "int" else float(text) if _TYPES[name] == "float" else text
+                for name, text in record.items()
+            }
+        except (TypeError, ValueError) as err:
+            raise BenchError(f"{path}, line {line}: {err}. Write the CSV again with kernelgate bench.") from err
+        rows.append(BenchRow(**values))  # type: ignore[arg-type]
+    return rows
+
+
+# --- reading results -------------------------------------------------------------------------------
+
+
+def effective_us(row: BenchRow) -> float:
+    """What a caller feels per call: the larger of the device time and the host cost, where measured."""
+    if math.isnan(row.host_us):
+        return row.time_us
+    return max(row.time_us, row.host_us)
+
+
+def _ok(rows: Iterable[BenchRow]) -> list[BenchRow]:
+    return [r for r in rows if r.status == "ok" and not math.isnan(r.time_us)]
+
+
+def _impl_order(impls: Iterable[str]) -> list[str]:
+    fixed = ["eager", "compile", "liger", "kernelgate"]
+    names = set(impls)
+    return [i for i in fixed if i in names] + sorted(n for n in names if n not in fixed)
+
+
+def _cases(rows: Sequence[BenchRow]) -> dict[tuple[str, str, str, str], dict[str, BenchRow]]:
+    """(op, dtype, direction, shape) -> impl -> row, in first-seen order."""
+    cases: dict[tuple[str, str, str, str], dict[str, BenchRow]] = {}
+    for r in _ok(rows):
+        cases.setdefault((r.op, r.dtype, r.direction, r.shape), {})[r.impl] = r
+    return cases
+
+
+def _best_peer(by_impl: dict[str, BenchRow]) -> BenchRow | None:
+    peers = [by_impl[p] for p in PEERS if p in by_impl]
+    return min(peers, key=effective_us) if peers else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """What kernelgate aims for (fractions of copy bandwidth, ratios, microseconds)."""
+
+    forward_fraction: float = 0.90
+    forward_backward_fraction: float = 0.80
+    versus_best_peer: float = 0.97
+    versus_eager: float = 1.03
+    host_over_triton_us: float = 2.0
+
+
+TARGETS = Targets()
+
+
+def misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[str]:
+    """Where kernelgate misses a target, one sentence each (see docs/bench.md for the targets)."""
+    found: list[str] = []
+    for (op, dtype, direction, shape), by_impl in _cases(rows).items():
+        ours = by_impl.get("kernelgate")
+        if ours is None:
+            continue
+        where = f"{op} {dtype} {shape} {direction}"
+        floor = targets.forward_fraction if direction == FORWARD else targets.forward_backward_fraction
+        if ours.regime == "bandwidth" and ours.frac_of_copy < floor:
+            found.append(f"{where}: kernelgate reaches {ours.frac_of_copy:.2f} of copy bandwidth (target {floor:.2f})")
+        peer = _best_peer(by_impl)
+        if peer is not None and effective_us(peer) / effective_us(ours) < targets.versus_best_peer:
+            found.append(
+                f"{where}: kernelgate {effective_us(ours):.1f} us is {effective_us(peer) / effective_us(ours):.2f} "
+                f"of the speed of {peer.impl} {effective_us(peer):.1f} us (target {targets.versus_best_peer:.2f})"
+            )
+        eager = by_impl.get("eager")
+        if eager is not None and effective_us(ours) > targets.versus_eager * effective_us(eager):
+            found.append(
+                f"{where}: kernelgate {effective_us(ours):.1f} us is slower than eager {effective_us(eager):.1f} us "
+                f"by more than {targets.versus_eager - 1:.0%}"
+            )
+        direct = [r.host_us for name, r in by_impl.items() if name.startswith("triton:") and not math.isnan(r.host_us)]
+        over = ours.host_us - min(direct) if direct else math.nan
+        if direction == FORWARD and over > targets.host_over_triton_us:
+            found.append(
+                f"{where}: kernelgate host cost {ours.host_us:.1f} us per call is more than "
+                f"{targets.host_over_triton_us:g} us over a direct Triton launch ({min(direct):.1f} us)"
+            )
+    return found
+
+
+# --- summary ---------------------------------------------------------------------------------------
+
+
+def _fmt(value: float, spec: str) -> str:
+    return "-" if math.isnan(value) else format(value, spec)
+
+
+def _order(entry: tuple[str, str, dict[str, BenchRow]]) -> tuple[str, int, int]:
+    any_row = next(iter(entry[2].values()))
+    return entry[0], any_row.row_length, any_row.rows
+
+
+def write_summary(rows: Sequence[BenchRow], path: Path, targets: Targets = TARGETS) -> Path:
+    """Write a markdown summary: per op and dtype, fractions of copy bandwidth, latencies, missed targets."""
+    lines = ["# kernelgate bench", ""]
+    if rows:
+        p = rows[0]
+        liger = f"Liger-Kernel {p.liger_version}" if p.liger_version else "Liger-Kernel not installed"
+        lines += [
+            f"- device: {p.gpu} ({p.device}), driver {p.driver or '-'}; torch {p.torch_version}, triton "
+            f"{p.triton_version or '-'}, {liger}",
+            f"- kernelgate {p.kernelgate_version}, commit {p.kernelgate_commit}; started {p.started}",
+            f"- timer: {p.timer}",
+            f"- copy bandwidth measured in the same run: {p.copy_gbps:.0f} GB/s (bytes read + written)",
+            "",
+            "Cells are fractions of the copy bandwidth (achieved GB/s over minimal bytes, formulas in the CSV's "
+            "`byte_formula`). *vs best peer* is the best time of eager, compile and liger over kernelgate's "
+            "(above 1: kernelgate is faster). Latency shapes (inputs under 16 MiB) show microseconds per call: "
+            "the larger of the device time and the host cost.",
+            "",
+        ]
+    cases = _cases(rows)
+    groups: dict[tuple[str, str], list[tuple[str, str, dict[str, BenchRow]]]] = {}
+    for (op, dtype, direction, shape), by_impl in cases.items():
+        groups.setdefault((op, dtype), []).append((direction, shape, by_impl))
+    for (op, dtype), entries in groups.items():
+        lines += [f"## {op} {dtype}", ""]
+        formulas = {d: next(iter(b.values())).byte_formula for d, _, b in entries}
+        lines += [f"- bytes, {d}: `{f}`" for d, f in formulas.items()] + [""]
+        impls = _impl_order(i for _, _, b in entries for i in b)
+        for regime in ("bandwidth", "latency"):
+            selected = [e for e in entries if next(iter(e[2].values())).regime == regime]
+            if not selected:
+                continue
+            if regime == "bandwidth":
+                lines.append("Fraction of copy bandwidth at bandwidth shapes:")
+            else:
+                lines.append("Microseconds per call at latency shapes (the larger of device time and host cost):")
+            lines.append("")
+            lines.append("| shape | direction | " + " | ".join(impls) + " | vs best peer |")
+            lines.append("| --- | --- | " + " | ".join("---:" for _ in impls) + " | ---: |")
+            for direction, shape, by_impl in sorted(selected, key=_order):
+                cells = []
+                for impl in impls:
+                    r = by_impl.get(impl)
+                    if r is None:
+                        cells.append("")
+                    elif regime == "bandwidth":
+                        cells.append(_fmt(r.frac_of_copy, ".2f"))
+                    else:
+                        cells.append(_fmt(effective_us(r), ".1f"))
+                ours, peer = by_impl.get("kernelgate"), _best_peer(by_impl)
+                ratio = f"{effective_us(peer) / effective_us(ours):.2f}x" if ours and peer else ""
+                lines.append(f"| {shape} | {direction} | " + " | ".join(cells) + f" | {ratio} |")
+            lines.append("")
+    missed = misses(rows, targets)
+    lines += [
+        "## Targets missed",
+        "",
+        f"Targets: forward >= {targets.forward_fraction:.2f} and forward+backward >= "
+        f"{targets.forward_backward_fraction:.2f} of copy bandwidth at bandwidth shapes; kernelgate >= "
+        f"{targets.versus_best_peer:.2f}x the speed of the best peer and never slower than eager by more than "
+        f"{targets.versus_eager - 1:.0%} at every shape; host cost within {targets.host_over_triton_us:g} us of a "
+        f"direct Triton launch at latency shapes.",
+        "",
+    ]
+    lines += [f"- {m}" for m in missed] if missed else ["None."]
+    problems = [r for r in rows if r.status != "ok"]
+    if problems:
+        lines += ["", "## Not measured", ""]
+        lines += [f"- {r.op} {r.dtype} {r.shape} {r.direction} {r.impl}: {r.status}: {r.note}" for r in problems]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# --- plots -----------------------------------------------------------------------------------------
+
+
+def plots_available() -> bool:
+    """Whether matplotlib can be imported (``pip install 'kernelgate[bench]'``)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_plots(rows: Sequence[BenchRow], out: Path, targets: Targets = TARGETS) -> list[Path]:
+    """One PNG per op: fraction of copy bandwidth against row length (log2), a line per implementation.
+
+    Only bandwidth-regime rows are drawn; one panel per (direction, dtype). Needs matplotlib.
+    """
+    from matplotlib.figure import Figure  # a Figure without pyplot: no global backend state
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    by_op: dict[str, list[BenchRow]] = {}
+    for r in _ok(rows):
+        if r.regime == "bandwidth":
+            by_op.setdefault(r.op, []).append(r)
+    for op, op_rows in by_op.items():
+        dtypes = list(dict.fromkeys(r.dtype for r in op_rows))
+        directions = [d for d in (FORWARD, FORWARD_BACKWARD) if any(r.direction == d for r in op_rows)]
+        fig = Figure(figsize=(5.5 * len(dtypes), 4 * len(directions)), layout="constrained")
+        axes = fig.subplots(len(directions), len(dtypes), squeeze=False)
+        for i, direction in enumerate(directions):
+            for j, dtype in enumerate(dtypes):
+                ax = axes[i][j]
+                panel = [r for r in op_rows if r.direction == direction and r.dtype == dtype]
+                for impl in _impl_order(r.impl for r in panel):
+                    points: dict[int, list[float]] = {}
+                    for r in panel:
+                        if r.impl == impl:
+                            points.setdefault(r.row_length, []).append(r.frac_of_copy)
+                    xs = sorted(points)
+                    ax.plot(xs, [statistics.median(points[x]) for x in xs], marker="o", label=impl)
+                floor = targets.forward_fraction if direction == FORWARD else targets.forward_backward_fraction
+                ax.axhline(floor, color="gray", linestyle="--", linewidth=1)
+                ax.set_xscale("log", base=2)
+                ax.set_ylim(bottom=0)
+                ax.set_title(f"{op} {dtype} {direction}")
+                ax.set_xlabel("row length")
+                ax.set_ylabel("fraction of copy bandwidth")
+                ax.grid(True, alpha=0.3)
+                ax.legend(fontsize="small")
+        path = out / f"{op}.png"
+        fig.savefig(path, dpi=100)
+        written.append(path)
+    return written
+
+
+# --- console ---------------------------------------------------------------------------------------
+
+
+def print_table(console: Console, rows: Sequence[BenchRow], title: str) -> None:
+    """A table of ``rows`` (one op and dtype): per shape and direction, each implementation's result."""
+    cases = _cases(rows)
+    impls = _impl_order(i for by_impl in cases.values() for i in by_impl)
+    table = Table(title=title)
+    for column in ("shape", "direction", *impls):
+        table.add_column(column, justify="left" if column in ("shape", "direction") else "right")
+    for (_, _, direction, shape), by_impl in cases.items():
+        cells = []
+        for impl in impls:
+            r = by_impl.get(impl)
+            if r is None:
+                cells.append("")
+            elif r.regime == "bandwidth":
+                cells.append(f"{r.frac_of_copy:.2f} {r.time_us:.0f}us")
+            else:
+                cells.append(f"{effective_us(r):.1f}us")
+        table.add_row(shape, direction, *cells)
+    console.print(table)
+    for r in rows:
+        if r.status != "ok":
+            console.print(f"  {r.shape} {r.direction} {r.impl}: [yellow]{r.status}[/yellow]: {r.note}")

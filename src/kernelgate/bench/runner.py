@@ -1,0 +1,723 @@
+"""Measuring: every implementation of every op at every suite shape, forward and forward+backward.
+
+For each (op, dtype, shape) the implementations are ``eager`` (the op's reference), ``compile``
+(``torch.compile`` of the reference, ``dynamic=False``, one compiled function per op), ``kernelgate``
+(the op in mode ``auto`` after its bucket is tuned: what users get), ``triton:<name>`` (each Triton
+implementation the tuner timed at this shape, launched directly with its fastest configuration) and
+``liger`` (when Liger-Kernel is installed and has the op). Forward+backward runs the forward with
+the inputs requiring grad and ``torch.autograd.grad`` (no ``.grad`` accumulation); for
+``triton:<name>`` it is that forward followed by the op's declared backward, called directly.
+
+Times: on a GPU ``triton.testing.do_bench`` (median, L2 flushed); elsewhere the median of
+``time.perf_counter`` over a few calls. Bandwidth is compared with a device-to-device copy measured
+at the start of the same run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib.metadata
+import importlib.util
+import math
+import os
+import statistics
+import subprocess
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from kernelgate import backend
+from kernelgate.bench.report import FORWARD, FORWARD_BACKWARD, BenchRow, Provenance, print_table
+from kernelgate.bench.specs import SPECS, BenchSpec, bench_specs
+from kernelgate.bench.suite import DTYPES, BenchError, Case, Suite, default_suite, load_suite
+from kernelgate.cache import decision_cache
+from kernelgate.config import Config
+from kernelgate.dispatch import use_interpreter, use_mode
+from kernelgate.errors import KernelgateWarning
+from kernelgate.op import Op, TritonImpl, get_op, registered_ops
+from kernelgate.selection import CandidateResult, run_candidate
+from kernelgate.settings import configure, settings
+
+__all__ = ["resolve_ops", "run"]
+
+LATENCY_BYTES = 16 * 2**20  # inputs below this are timed for host cost too: noise hides bandwidth there
+GPU_COPY_BYTES = 2 * 2**30
+CPU_COPY_BYTES = 16 * 2**20
+GPU_HOST_CALLS = 2000
+CPU_HOST_CALLS = 10
+SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Timing:
+    warmup_ms: int
+    rep_ms: int
+    cpu_repeats: int
+    repeats: int
+    host_calls: int
+    latency_bytes: int
+
+
+@dataclasses.dataclass
+class _Impl:
+    """One implementation at one case: how to run a forward, and a forward+backward step."""
+
+    name: str
+    forward: Callable[[], Any] | None = None
+    # Builds the forward+backward step (runs the forward once to shape the upstream gradients).
+    make_backward: Callable[[], Callable[[], Any]] | None = None
+    note: str = ""
+    skip: str = ""  # a reason not to measure: the row is written as "skipped"
+
+
+def resolve_ops(names: Sequence[str] | None) -> list[BenchSpec]:
+    """The bench specs of ``names`` (default: every registered op that has one).
+
+    Raises:
+        BenchError: a name has no bench spec, or its op is not registered here.
+    """
+    available = bench_specs()
+    if not names:
+        return available
+    registered = {op.name for op in registered_ops()}
+    with_spec = {s.op for s in SPECS}
+    chosen = []
+    for name in dict.fromkeys(names):
+        spec = next((s for s in available if s.op == name), None)
+        if spec is not None:
+            chosen.append(spec)
+        elif name in with_spec:
+            raise BenchError(
+                f"op {name!r} has a bench spec but is not registered in this kernelgate (registered: "
+                f"{', '.join(sorted(registered))}). Import the module that declares it, or choose another op."
+            )
+        elif name in registered:
+            raise BenchError(
+                f"op {name!r} is registered but has no bench spec; ops with one: "
+                f"{', '.join(s.op for s in available)}. Add a BenchSpec to kernelgate/bench/specs.py (docs/bench.md)."
+            )
+        else:
+            raise BenchError(
+                f"no op named {name!r}; ops with a bench spec: {', '.join(s.op for s in available)} "
+                f"(kernelgate doctor lists every registered op)."
+            )
+    return chosen
+
+
+# --- provenance ------------------------------------------------------------------------------------
+
+
+def _commit() -> str:
+    if os.environ.get("KERNELGATE_COMMIT"):
+        return os.environ["KERNELGATE_COMMIT"]
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,  # the source tree's repository, not the caller's
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _driver(device: torch.device) -> str:
+    if device.type != "cuda":
+        return ""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def _liger_version() -> str:
+    if importlib.util.find_spec("liger_kernel") is None:
+        return ""
+    try:
+        return importlib.metadata.version("liger_kernel")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _copy_gbps(device: torch.device, timing: _Timing) -> float:
+    """Device-to-device copy bandwidth, bytes read plus written per second."""
+    n = GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    seconds = _time_us(lambda: dst.copy_(src), device, timing) * 1e-6
+    return 2 * n / seconds / 1e9
+
+
+# --- timing ----------------------------------------------------------------------------------------
+
+
+def _time_us(fn: Callable[[], object], device: torch.device, timing: _Timing) -> float:
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=timing.warmup_ms, rep=timing.rep_ms, return_mode="median")) * 1e3
+    times = []
+    for _ in range(timing.cpu_repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def _host_us(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Per call: ``calls`` calls issued back to back, then one synchronise."""
+    _synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _synchronize(device)
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def _peak_mib(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type != "cuda":
+        return math.nan
+    _synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    _synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+
+
+# --- implementations -------------------------------------------------------------------------------
+
+
+def _significant(value: float) -> float:
+    """``value`` to 5 significant digits (the CSV stays readable; tiny CPU figures keep their precision)."""
+    return float(f"{value:.5g}")
+
+
+def _tensors(result: Any) -> list[torch.Tensor]:
+    items = result if isinstance(result, (tuple, list)) else (result,)
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+def _autograd_step(
+    fn: Callable[..., Any], args: tuple[Any, ...], grad_args: Sequence[int]
+) -> Callable[[], Callable[[], Any]]:
+    """A forward+backward step through autograd: ``torch.autograd.grad`` of the differentiable outputs."""
+
+    def make() -> Callable[[], Any]:
+        wrt = [args[i] for i in grad_args if isinstance(args[i], torch.Tensor)]
+        outputs = [t for t in _tensors(fn(*args)) if t.requires_grad]
+        if not outputs:
+            raise RuntimeError("no output requires grad, so there is no backward to measure")
+        grads = [torch.randn_like(t) for t in outputs]
+
+        def step() -> Any:
+            outs = [t for t in _tensors(fn(*args)) if t.requires_grad]
+            return torch.autograd.grad(outs, wrt, grads, allow_unused=True)
+
+        return step
+
+    return make
+
+
+def _decision(op: Op, args: tuple[Any, ...], plan: Any) -> dict[str, tuple[TritonImpl, Config | None, float] | str]:
+    """Per implementation timed for this bucket: (impl, its fastest config, tuned µs), or why it has none."""
+    if plan.key is None:
+        return {}
+    entry = decision_cache(settings().cache_dir).get(plan.key)
+    candidates = entry.get("candidates") if isinstance(entry, dict) else None
+    if not isinstance(candidates, dict):
+        return {}
+    found: dict[str, tuple[TritonImpl, Config | None, float] | str] = {}
+    for impl in op.implementations:
+        best: tuple[TritonImpl, Config | None, float] | None = None
+        failure = ""
+        for config in impl.candidate_configs(args):
+            value = candidates.get(CandidateResult(impl.name, config, "pass").label)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if best is None or value < best[2]:
+                    best = (impl, config, float(value))
+            elif isinstance(value, str):
+                failure = failure or value
+        if best is not None:
+            found[impl.name] = best
+        elif failure:
+            found[impl.name] = failure
+    return found
+
+
+def _triton_impl(
+    op: Op, args: tuple[Any, ...], choice: tuple[TritonImpl, Config | None, float], interpret: bool
+) -> _Impl:
+    impl, config, tuned_us = choice
+    if interpret:
+        launch: Callable[..., Any] = lambda *a: run_candidate(impl, config, a, True, False)
+    elif impl.configs is not None:
+        launch = functools.partial(impl.launcher, config=config)
+    else:
+        launch = impl.launcher
+    label = CandidateResult(impl.name, config, "pass").label
+    result = _Impl(f"triton:{impl.name}", lambda: launch(*args), note=f"{label}; tuned {tuned_us:.1f} us")
+    declared = op.backward
+    if declared is None:
+        result.make_backward = None
+        result.note += "; forward+backward: the op declares no Backward (autograd of the reference)"
+        return result
+
+    def make() -> Callable[[], Any]:
+        outputs = _tensors(launch(*args))
+        grads = [torch.randn_like(t) for t in outputs]
+        grad: Any = grads[0] if len(grads) == 1 else tuple(grads)
+
+        def step() -> Any:
+            y = launch(*args)
+            return declared.grads(declared.save(args, y), grad)
+
+        return step
+
+    result.make_backward = make
+    return result
+
+
+def _liger_impl(spec: BenchSpec, fwd_args: tuple[Any, ...], bwd_args: tuple[Any, ...], version: str) -> _Impl | None:
+    if spec.liger is None or not version:
+        return None
+    try:
+        fwd_fn = spec.liger(fwd_args)
+        bwd_fn = spec.liger(bwd_args)
+    except ImportError as err:
+        return _Impl("liger", skip=f"Liger-Kernel {version} has no counterpart: {err}")
+    return _Impl(
+        "liger",
+        lambda: fwd_fn(*fwd_args),
+        _autograd_step(bwd_fn, bwd_args, spec.grad_args),
+        note=f"Liger-Kernel {version}",
+    )
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _bench_settings(interpret: bool) -> Iterator[None]:
+    """Tuning on, fallback warnings and the launch log off, mode auto; restored afterwards."""
+    before = settings()
+    configure(tune=True, warn_fallback=False, log_path=None)
+    try:
+        with use_mode("auto"), use_interpreter(interpret), warnings.catch_warnings():
+            warnings.simplefilter("ignore", KernelgateWarning)
+            yield
+    finally:
+        configure(tune=before.tune, warn_fallback=before.warn_fallback, log_path=before.log_path)
+
+
+@contextlib.contextmanager
+def _dynamo_limits() -> Iterator[None]:
+    """Room for one compiled graph per shape and dtype, and an error rather than a silent eager fallback."""
+    config = torch._dynamo.config
+    names = [n for n in ("recompile_limit", "accumulated_recompile_limit") if hasattr(config, n)]
+    if not names:
+        names = [n for n in ("cache_size_limit", "accumulated_cache_size_limit") if hasattr(config, n)]
+    patch: dict[str, Any] = {n: 100_000 for n in names}
+    for flag in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+        if hasattr(config, flag):
+            patch[flag] = True
+            break
+    with config.patch(**patch):
+        yield
+
+
+class _Runner:
+    def __init__(
+        self,
+        device: torch.device,
+        timing: _Timing,
+        provenance: Provenance,
+        *,
+        backward: bool,
+        compile: bool,
+        compile_backend: str | Callable[..., Any],
+        liger: bool,
+        interpret: bool,
+    ) -> None:
+        self.device = device
+        self.timing = timing
+        self.provenance = provenance
+        self.directions = (FORWARD, FORWARD_BACKWARD) if backward else (FORWARD,)
+        self.compile = compile
+        self.compile_backend = compile_backend
+        self._backend_name = (
+            repr(compile_backend) if isinstance(compile_backend, str) else getattr(compile_backend, "__name__", "?")
+        )
+        self.liger_version = provenance.liger_version if liger else ""
+        self.interpret = interpret
+
+    def op_rows(
+        self, spec: BenchSpec, cases: Sequence[tuple[str, Case]], on_case: Callable[[], None]
+    ) -> list[BenchRow]:
+        op = get_op(spec.op)
+        compiled: Callable[..., Any] | None = None
+        compile_failure = ""
+        if self.compile:
+            compiled = torch.compile(op.reference, dynamic=False, backend=self.compile_backend)
+        rows: list[BenchRow] = []
+        for dtype, case in cases:
+            try:
+                case_rows, failure = self.case_rows(spec, op, compiled, compile_failure, dtype, case)
+            except Exception as err:  # e.g. out of memory making the inputs: one row says so, the run goes on
+                self._free()
+                case_rows, failure = [self.failed_case(spec, dtype, case, err)], ""
+            rows += case_rows
+            if failure and not compile_failure:
+                compile_failure = failure
+            on_case()
+        return rows
+
+    def case_rows(
+        self,
+        spec: BenchSpec,
+        op: Op,
+        compiled: Callable[..., Any] | None,
+        compile_failure: str,
+        dtype: str,
+        case: Case,
+    ) -> tuple[list[BenchRow], str]:
+        device = self.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(SEED)
+            args = spec.make_args(case.shape, DTYPES[dtype], device)
+        fwd_args = tuple(args)
+        bwd_args = tuple(
+            a.detach().requires_grad_(True) if i in spec.grad_args and isinstance(a, torch.Tensor) else a
+            for i, a in enumerate(args)
+        )
+        input_bytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        regime = "latency" if input_bytes < self.timing.latency_bytes else "bandwidth"
+
+        impls: list[_Impl] = [
+            _Impl("eager", lambda: op.reference(*fwd_args), _autograd_step(op.reference, bwd_args, spec.grad_args))
+        ]
+        new_failure = ""
+        if compiled is not None:
+            if compile_failure:
+                impls.append(_Impl("compile", skip=f"torch.compile failed at an earlier shape: {compile_failure}"))
+            else:
+                impls.append(
+                    _Impl(
+                        "compile",
+                        lambda: compiled(*fwd_args),
+                        _autograd_step(compiled, bwd_args, spec.grad_args),
+                        note=f"torch.compile(dynamic=False, backend={self._backend_name})",
+                    )
+                )
+        start = time.perf_counter()
+        try:
+            plan = op.plan(*fwd_args)
+        except Exception as err:  # the row says what went wrong; the run goes on
+            impls.append(_Impl("kernelgate", skip=f"planning failed: {type(err).__name__}: {err}"))
+            plan = None
+        tune_ms = (time.perf_counter() - start) * 1e3
+        if plan is not None:
+            config = ",".join(f"{k}={v}" for k, v in sorted(plan.config.items())) if plan.config else ""
+            detail = f": {plan.detail}" if plan.detail and plan.implementation is None else ""
+            chosen = plan.name + (f"[{config}]" if config else "")
+            note = f"auto: {chosen} ({plan.reason}{detail}); planned in {tune_ms:.0f} ms"
+            impls.append(_Impl("kernelgate", lambda: op(*fwd_args), _autograd_step(op, bwd_args, spec.grad_args), note))
+            for name, choice in _decision(op, fwd_args, plan).items():
+                if isinstance(choice, str):
+                    impls.append(_Impl(f"triton:{name}", skip=f"no configuration passed tuning: {choice}"))
+                else:
+                    impls.append(_triton_impl(op, fwd_args, choice, self.interpret))
+        liger = _liger_impl(spec, fwd_args, bwd_args, self.liger_version)
+        if liger is not None:
+            impls.append(liger)
+
+        rows: list[BenchRow] = []
+        rows_n, length = spec.rows_and_length(case.shape)
+        element = torch.empty((), dtype=DTYPES[dtype]).element_size()
+        for direction in self.directions:
+            nbytes = (spec.forward_bytes if direction == FORWARD else spec.forward_backward_bytes).count(
+                case.shape, element
+            )
+            formula = (spec.forward_bytes if direction == FORWARD else spec.forward_backward_bytes).formula
+            steps: dict[str, Callable[[], Any]] = {}
+            results: dict[str, dict[str, Any]] = {}
+            for impl in impls:
+                base = {"status": "ok", "note": impl.note, "first_call_ms": math.nan}
+                results[impl.name] = base
+                if impl.skip:
+                    base.update(status="skipped", note=impl.skip)
+                    continue
+                if direction == FORWARD_BACKWARD and impl.make_backward is None:
+                    base.update(status="skipped", note=impl.note or "no forward+backward for this implementation")
+                    continue
+                try:
+                    first = time.perf_counter()
+                    step = impl.forward if direction == FORWARD else impl.make_backward()  # type: ignore[misc]
+                    assert step is not None
+                    step()
+                    _synchronize(device)
+                    base["first_call_ms"] = (time.perf_counter() - first) * 1e3
+                    steps[impl.name] = step
+                except Exception as err:  # a failing implementation is a row, not the end of the run
+                    message = f"{type(err).__name__}: {err}".replace("\n", " ")[:400]
+                    if impl.name == "compile":
+                        new_failure = new_failure or message
+                        base.update(status="skipped", note=f"torch.compile failed: {message}")
+                    else:
+                        base.update(status="error", note=message)
+                    self._free()
+            samples: dict[str, list[float]] = {name: [] for name in steps}
+            for _ in range(self.timing.repeats):  # rounds interleave the implementations
+                for name, step in steps.items():
+                    if name not in samples:
+                        continue
+                    try:
+                        samples[name].append(_time_us(step, device, self.timing))
+                    except Exception as err:
+                        results[name].update(status="error", note=f"{type(err).__name__}: {err}"[:400])
+                        del samples[name]
+                        self._free()
+            for name, times in samples.items():
+                step = steps[name]
+                result = results[name]
+                result["time_us"] = statistics.median(times)
+                try:
+                    if regime == "latency":
+                        result["host_us"] = _host_us(step, device, self.timing.host_calls)
+                    result["peak_mib"] = _peak_mib(step, device)
+                except Exception as err:
+                    result["note"] = f"{result['note']}; host cost or memory not measured: {type(err).__name__}: {err}"
+                    self._free()
+            for impl in impls:
+                r = results[impl.name]
+                t = float(r.get("time_us", math.nan))
+                gbps = nbytes / (t * 1e-6) / 1e9 if t > 0 else math.nan
+                rows.append(
+                    BenchRow(
+                        op=spec.op,
+                        dtype=dtype,
+                        shape="x".join(map(str, case.shape)),
+                        rows=rows_n,
+                        row_length=length,
+                        regime=regime,
+                        target_bytes=case.target_bytes,
+                        direction=direction,
+                        impl=impl.name,
+                        status=str(r["status"]),
+                        time_us=round(t, 3),
+                        host_us=round(float(r.get("host_us", math.nan)), 3),
+                        bytes=nbytes,
+                        byte_formula=formula,
+                        gbps=_significant(gbps),
+                        frac_of_copy=_significant(gbps / self.provenance.copy_gbps),
+                        peak_mib=round(float(r.get("peak_mib", math.nan)), 2),
+                        first_call_ms=round(float(r["first_call_ms"]), 2),
+                        note=str(r["note"]),
+                        **dataclasses.asdict(self.provenance),
+                    )
+                )
+            steps.clear()
+        impls.clear()
+        self._free()
+        return rows, new_failure
+
+    def failed_case(self, spec: BenchSpec, dtype: str, case: Case, err: Exception) -> BenchRow:
+        """The row of a case that could not be measured at all."""
+        rows_n, length = spec.rows_and_length(case.shape)
+        return BenchRow(
+            op=spec.op,
+            dtype=dtype,
+            shape="x".join(map(str, case.shape)),
+            rows=rows_n,
+            row_length=length,
+            regime="",
+            target_bytes=case.target_bytes,
+            direction=FORWARD,
+            impl="kernelgate",
+            status="error",
+            time_us=math.nan,
+            host_us=math.nan,
+            bytes=0,
+            byte_formula=spec.forward_bytes.formula,
+            gbps=math.nan,
+            frac_of_copy=math.nan,
+            peak_mib=math.nan,
+            first_call_ms=math.nan,
+            note=f"the case could not be measured: {type(err).__name__}: {err}".replace("\n", " ")[:400],
+            **dataclasses.asdict(self.provenance),
+        )
+
+    def _free(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run(
+    ops: Sequence[str] | None = None,
+    dtypes: Sequence[str] | None = None,
+    *,
+    suite: Suite | Path | str | None = None,
+    quick: bool = False,
+    device: torch.device | str | None = None,
+    backward: bool = True,
+    compile: bool = True,
+    compile_backend: str | Callable[..., Any] = "inductor",
+    liger: bool = True,
+    interpret: bool = False,
+    warmup_ms: int = 5,
+    rep_ms: int = 20,
+    repeats: int = 1,
+    cpu_repeats: int = 5,
+    host_calls: int | None = None,
+    latency_bytes: int = LATENCY_BYTES,
+    console: Console | None = None,
+    on_progress: Callable[[list[BenchRow]], object] | None = None,
+) -> list[BenchRow]:
+    """Measure ``ops`` (default: every registered op with a bench spec) and return one row per measurement.
+
+    Args:
+        ops: op names; each needs a bench spec (:mod:`kernelgate.bench.specs`) and must be registered.
+        dtypes: ``float32``, ``float16``, ``bfloat16``; default: the suite's.
+        suite: a :class:`Suite`, or the path of a suite file; default: the built-in suite.
+        quick: the suite's short variant.
+        device: default: the GPU if torch sees one, else the CPU.
+        backward: also measure forward+backward.
+        compile: also measure ``torch.compile`` of the reference.
+        compile_backend: the ``backend`` given to ``torch.compile`` (a name or a callable).
+        liger: also measure Liger-Kernel where it is installed and has the op.
+        interpret: run the Triton implementations through Triton's interpreter (CPU tensors).
+        warmup_ms, rep_ms: ``do_bench``'s warm-up and measuring time per measurement (GPU).
+        repeats: rounds per measurement, interleaving the implementations; the median is kept.
+        cpu_repeats: calls timed per round off the GPU.
+        host_calls: calls per host-cost measurement (latency shapes); default 2000 on a GPU, 10 elsewhere.
+        latency_bytes: shapes whose inputs total fewer bytes are the latency regime (host cost
+            measured, no bandwidth target); default 16 MiB.
+        console: where progress and a table per op and dtype are printed; ``None``: silent.
+        on_progress: called with every row so far after each op (to save partial results).
+
+    Raises:
+        BenchError: an unknown op or dtype, or a malformed suite.
+
+    >>> from kernelgate.bench import ShapeGroup, Suite
+    >>> tiny = Suite(("float32",), {"rowwise": (ShapeGroup(shapes=((2, 8),)),)})
+    >>> rows = run(["softmax"], suite=tiny, device="cpu", backward=False, compile=False, cpu_repeats=1)
+    >>> sorted({r.impl for r in rows}), rows[0].byte_formula
+    (['eager', 'kernelgate'], '2*M*N*e: read x, write y')
+    """
+    specs = resolve_ops(ops)
+    if isinstance(suite, (str, Path)):
+        suite = load_suite(suite, quick=quick)
+    chosen_suite = suite if suite is not None else default_suite(quick)
+    chosen_dtypes = tuple(dtypes) if dtypes else chosen_suite.dtypes
+    for d in chosen_dtypes:
+        if d not in DTYPES:
+            raise BenchError(f"dtype must be one of {', '.join(DTYPES)}; got {d!r}.")
+    counts = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "repeats": repeats, "cpu_repeats": cpu_repeats}
+    if host_calls is not None:
+        counts["host_calls"] = host_calls
+    for name, value in counts.items():
+        if value < 1:
+            raise BenchError(f"{name} must be >= 1; got {value}.")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() and not interpret else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if host_calls is None:
+        host_calls = GPU_HOST_CALLS if device.type == "cuda" else CPU_HOST_CALLS
+    plan = [
+        (spec, [(d, c) for d in chosen_dtypes for c in chosen_suite.cases(spec.op, spec.family, spec.dims, d)])
+        for spec in specs
+    ]
+    timing = _Timing(warmup_ms, rep_ms, cpu_repeats, repeats, host_calls, latency_bytes)
+    if device.type == "cuda":
+        timer = f"triton.testing.do_bench median (L2 flushed; warmup {warmup_ms} ms, rep {rep_ms} ms)"
+    else:
+        timer = f"time.perf_counter median of {cpu_repeats} call(s)" + (" (Triton interpreter)" if interpret else "")
+    timer += f", {repeats} interleaved round(s); host cost: {host_calls} calls then one synchronise"
+    from kernelgate import __version__
+
+    with _bench_settings(interpret), _dynamo_limits():
+        copy = _copy_gbps(device, timing)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        provenance = Provenance(
+            device=str(device),
+            gpu=backend.device_name(device),
+            driver=_driver(device),
+            torch_version=torch.__version__,
+            triton_version=backend.triton_version() or "",
+            kernelgate_version=__version__,
+            kernelgate_commit=_commit(),
+            liger_version=_liger_version(),
+            timer=timer,
+            copy_gbps=round(copy, 1),
+            started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        runner = _Runner(
+            device,
+            timing,
+            provenance,
+            backward=backward,
+            compile=compile,
+            compile_backend=compile_backend,
+            liger=liger,
+            interpret=interpret,
+        )
+        if console is not None:
+            console.print(
+                f"kernelgate bench on {device} ({provenance.gpu}): copy {copy:.0f} GB/s; "
+                f"{sum(len(c) for _, c in plan)} case(s) of {len(plan)} op(s)"
+            )
+        return _run_all(runner, plan, console, on_progress or (lambda rows: None))
+
+
+def _run_all(
+    runner: _Runner,
+    plan: Sequence[tuple[BenchSpec, Sequence[tuple[str, Case]]]],
+    console: Console | None,
+    on_progress: Callable[[list[BenchRow]], object],
+) -> list[BenchRow]:
+    rows: list[BenchRow] = []
+    if console is None:
+        for spec, cases in plan:
+            rows += runner.op_rows(spec, cases, lambda: None)
+            on_progress(rows)
+        return rows
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("measuring", total=sum(len(c) for _, c in plan))
+        for spec, cases in plan:
+            start = time.perf_counter()
+            progress.update(task, description=spec.op)
+            op_rows = runner.op_rows(spec, cases, lambda: progress.advance(task))
+            rows += op_rows
+            for dtype in dict.fromkeys(d for d, _ in cases):
+                print_table(progress.console, [r for r in op_rows if r.dtype == dtype], f"{spec.op} {dtype}")
+            progress.console.print(f"{spec.op}: {time.perf_counter() - start:.0f} s")
+            on_progress(rows)
+    return rows

@@ -1,0 +1,440 @@
+"""kernelgate bench: suites, specs, the measuring run, the CSV schema, summary, plots and the command."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import importlib.util
+import json
+import math
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import kernelgate
+import kernelgate.bench as bench
+from kernelgate.bench import runner as bench_runner
+from kernelgate.bench import specs as bench_specs
+from kernelgate.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, main
+from kernelgate.op import get_op
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 2**20
+# Latency below 10 kB here: (4, 1000) float32 (16 kB) is a bandwidth shape, (2, 1000) a latency one.
+TINY = bench.Suite(("float32",), {"rowwise": (bench.ShapeGroup(shapes=((4, 1000), (2, 1000))),)})
+LIGER = importlib.util.find_spec("liger_kernel") is not None
+
+
+def _write(tmp_path: Path, data: object, name: str = "suite.json") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[bench.BenchRow]]:
+    """softmax measured once for the module: Triton kernels interpreted, torch.compile with the eager backend."""
+    kernelgate.reload_settings({"KERNELGATE_CACHE_DIR": str(tmp_path_factory.mktemp("bench-cache"))})
+    saved = os.environ.get("KERNELGATE_COMMIT")
+    os.environ["KERNELGATE_COMMIT"] = "abc1234"
+    try:
+        yield bench.run(
+            ["softmax"],
+            suite=TINY,
+            interpret=True,
+            compile_backend="eager",
+            cpu_repeats=1,
+            host_calls=2,
+            latency_bytes=10_000,
+        )
+    finally:
+        if saved is None:
+            del os.environ["KERNELGATE_COMMIT"]
+        else:
+            os.environ["KERNELGATE_COMMIT"] = saved
+
+
+# --- suites --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_default_suite_sizes_rowwise_inputs_to_128_mib(dtype: str) -> None:
+    """Each row length of the built-in suite gets the row count that makes its input 128 MiB in that dtype."""
+    suite = bench.default_suite()
+    cases = suite.cases("softmax", "rowwise", ("M", "N"), dtype)
+    element = torch.empty((), dtype=bench.DTYPES[dtype]).element_size()
+    sized = [c for c in cases if c.target_bytes]
+    assert [c.shape[1] for c in sized] == [2**k for k in (7, 9, 10, 11, 12, 13, 14, 15, 16, 17)]
+    assert all(c.shape[0] * c.shape[1] * element == 128 * MiB for c in sized)
+    assert [c.shape for c in cases if not c.target_bytes] == [(1, 4096), (64, 4096), (512, 4096)]
+    assert suite.dtypes == ("float32", "bfloat16")
+    assert [c.shape for c in suite.cases("cross_entropy", "cross_entropy", ("M", "V"), dtype)] == [
+        (8192, 32000),
+        (4096, 128256),
+        (2048, 256000),
+    ]
+    assert [c.shape for c in suite.cases("rotary_embedding", "rotary", "BSHKD", dtype)] == [(4, 4096, 32, 8, 128)]
+
+
+def test_quick_suite_is_smaller() -> None:
+    """--quick: rows of 1024, 4096 and 32768 at 32 MiB, and 64x4096."""
+    cases = bench.default_suite(quick=True).cases("rms_norm", "rowwise", ("M", "N"), "bfloat16")
+    assert [c.shape for c in cases] == [(16384, 1024), (4096, 4096), (512, 32768), (64, 4096)]
+
+
+def test_suite_file_ships_as_package_data() -> None:
+    """shapes.json is read through importlib.resources, and pyproject ships it in the wheel."""
+    assert importlib.resources.files("kernelgate.bench").joinpath("shapes.json").is_file()
+    assert '"kernelgate.bench" = ["shapes.json"]' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_user_suite_replaces_or_extends(tmp_path: Path) -> None:
+    """A suite file replaces the built-in suite; with extend it adds its groups (an op's own group wins)."""
+    own = _write(tmp_path, {"schema": 1, "dtypes": ["float16"], "shapes": {"softmax": [{"shapes": [[3, 5]]}]}})
+    suite = bench.load_suite(own)
+    assert suite.dtypes == ("float16",)
+    assert [c.shape for c in suite.cases("softmax", "rowwise", ("M", "N"), "float16")] == [(3, 5)]
+    assert suite.cases("rms_norm", "rowwise", ("M", "N"), "float16") == []
+    extended = bench.load_suite(
+        _write(tmp_path, {"schema": 1, "extend": True, "shapes": {"rowwise": [{"shapes": [[3, 5]]}]}}), quick=True
+    )
+    shapes = [c.shape for c in extended.cases("rms_norm", "rowwise", ("M", "N"), "float32")]
+    assert shapes[-1] == (3, 5) and (64, 4096) in shapes
+    assert extended.dtypes == ("float32", "bfloat16")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("{not json", "not valid JSON"),
+        ({"schema": 1, "dtypes": ["float32"], "shapes": {"rowwize": []}}, "group 'rowwize'"),
+        ({"schema": 1, "dtypes": ["float32"], "shapes": {"rowwise": [{"row_lengths": [128, "x"]}]}}, "row_lengths"),
+        ({"schema": 1, "dtypes": ["float32"], "shapes": {"rowwise": [{"rows": [1]}]}}, "unknown key(s) 'rows'"),
+        ({"schema": 1, "dtypes": ["int8"], "shapes": {}}, "'dtypes' must be"),
+        ({"dtypes": ["float32"], "shapes": {}}, "'schema' must be 1"),
+    ],
+)
+def test_malformed_suite_names_the_problem_and_the_remedy(tmp_path: Path, content: object, expected: str) -> None:
+    """A malformed suite file raises BenchError naming the file, what is wrong, and where the format is shown."""
+    path = _write(tmp_path, content)
+    with pytest.raises(bench.BenchError) as err:
+        bench.load_suite(path)
+    message = str(err.value)
+    assert expected in message and str(path) in message
+    if "group" in expected:
+        assert "rowwise" in message and "cross_entropy" in message
+    else:
+        assert str(bench.DEFAULT_SUITE_PATH) in message and "docs/bench.md" in message
+    assert isinstance(err.value, ValueError) and isinstance(err.value, kernelgate.KernelgateError)
+
+
+def test_shapes_of_the_wrong_rank_are_refused(tmp_path: Path) -> None:
+    """A rowwise group's (M, N) shape given to rotary_embedding's 5 sizes is refused with the remedy."""
+    suite = bench.load_suite(
+        _write(tmp_path, {"schema": 1, "dtypes": ["float32"], "shapes": {"rotary": [{"shapes": [[2, 3]]}]}})
+    )
+    with pytest.raises(bench.BenchError, match="own group"):
+        suite.cases("rotary_embedding", "rotary", ("B", "S", "Hq", "Hk", "D"), "float32")
+    sized = bench.load_suite(
+        _write(
+            tmp_path,
+            {"schema": 1, "dtypes": ["float32"], "shapes": {"rotary": [{"target_bytes": 8, "row_lengths": [2]}]}},
+        )
+    )
+    with pytest.raises(bench.BenchError, match="fixed 'shapes'"):
+        sized.cases("rotary_embedding", "rotary", ("B", "S", "Hq", "Hk", "D"), "float32")
+
+
+# --- specs and op selection ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", bench.SPECS, ids=lambda s: s.op)
+def test_spec_inputs_and_byte_counts(spec: bench.BenchSpec) -> None:
+    """Each spec makes inputs at a small shape; its forward bytes are the inputs read once plus the outputs written.
+
+    A scalar output (a loss) is not counted.
+    """
+    shape = (2, 3, 4, 2, 8) if len(spec.dims) == 5 else (3, 16)
+    args = spec.make_args(shape, torch.bfloat16, torch.device("cpu"))
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    inputs = sum(t.numel() * t.element_size() for t in tensors)
+    assert all(isinstance(args[i], torch.Tensor) and args[i].is_floating_point() for i in spec.grad_args)
+    forward, both = spec.forward_bytes.count(shape, 2), spec.forward_backward_bytes.count(shape, 2)
+    assert inputs <= forward < both
+    assert spec.forward_bytes.formula and spec.forward_backward_bytes.formula
+    rows, length = spec.rows_and_length(shape)
+    assert rows * length <= math.prod(shape) * 2 and length == shape[-1]
+    if spec.op in {op.name for op in kernelgate.registered_ops()}:
+        outputs = get_op(spec.op).reference(*args)
+        produced = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+        written = sum(t.numel() * t.element_size() for t in produced if t.dim() > 0)
+        assert forward == inputs + written
+
+
+def test_specs_take_effect_only_for_registered_ops() -> None:
+    """bench_specs() lists the registered ops with a spec: softmax and rms_norm now, the others once they register."""
+    names = [s.op for s in bench.bench_specs()]
+    registered = {op.name for op in kernelgate.registered_ops()}
+    assert {"softmax", "rms_norm"} <= set(names)
+    assert set(names) == {s.op for s in bench.SPECS} & registered
+    assert bench.resolve_ops(None) == bench.bench_specs()
+
+
+def test_unknown_op_names_the_known_ones() -> None:
+    """An unknown op, an op without a spec, and a spec'd op not registered each raise BenchError with the remedy."""
+    with pytest.raises(bench.BenchError, match=r"no op named 'nosuch'; ops with a bench spec: softmax"):
+        bench.run(["nosuch"], device="cpu")
+    with pytest.raises(bench.BenchError, match=r"registered but has no bench spec.*specs\.py"):
+        bench.run(["softmax_backward"], device="cpu")
+    with pytest.raises(bench.BenchError, match="dtype must be one of"):
+        bench.run(["softmax"], ["int8"], suite=TINY, device="cpu")
+
+
+def test_spec_of_an_unregistered_op_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spec whose op is not registered is not run by default, and naming it says how to make it available."""
+    waiting = dataclasses.replace(bench.spec_for("softmax"), op="not_registered_yet")
+    monkeypatch.setattr(bench_specs, "SPECS", (*bench.SPECS, waiting))
+    monkeypatch.setattr(bench_runner, "SPECS", (*bench.SPECS, waiting))
+    assert "not_registered_yet" not in [s.op for s in bench.bench_specs()]
+    with pytest.raises(bench.BenchError, match=r"has a bench spec but is not registered.*Import the module"):
+        bench.resolve_ops(["not_registered_yet"])
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+def test_run_measures_every_implementation(interpreted: list[bench.BenchRow]) -> None:
+    """Each shape and direction has eager, compile, kernelgate, each Triton implementation and (if installed) liger."""
+    expected = {"eager", "compile", "kernelgate", "triton:single_block", "triton:looped"} | (
+        {"liger"} if LIGER else set()
+    )
+    for shape in ("4x1000", "2x1000"):
+        for direction in ("forward", "forward+backward"):
+            got = [r for r in interpreted if r.shape == shape and r.direction == direction]
+            assert {r.impl for r in got} == expected, (shape, direction)
+            assert all(r.status == "ok" and r.time_us > 0 for r in got), [(r.impl, r.note) for r in got]
+    notes = {r.impl: r.note for r in interpreted}
+    chosen = r"(reference|single_block\[num_warps=\d+\]|looped\[BLOCK_N=\d+,num_warps=\d+\])"
+    decided = rf"auto: {chosen} \((tuned|cached|reference-faster)"
+    assert re.match(decided, notes["kernelgate"]), notes["kernelgate"]
+    assert "BLOCK_N=1024" in notes["triton:looped"] and "num_warps=" in notes["triton:single_block"]
+
+
+def test_run_rows_carry_bytes_regime_and_provenance(interpreted: list[bench.BenchRow]) -> None:
+    """Rows state bytes and formula, bandwidth over the copy measured in the run, regime, host cost, provenance."""
+    row = next(r for r in interpreted if r.shape == "4x1000" and r.direction == "forward" and r.impl == "eager")
+    assert (row.rows, row.row_length, row.regime, row.target_bytes) == (4, 1000, "bandwidth", 0)
+    assert row.bytes == 2 * 4 * 1000 * 4 and row.byte_formula.startswith("2*M*N*e")
+    assert math.isclose(row.gbps, row.bytes / (row.time_us * 1e-6) / 1e9, rel_tol=1e-2)
+    assert math.isclose(row.frac_of_copy, row.gbps / row.copy_gbps, rel_tol=1e-2) and row.copy_gbps > 0
+    assert math.isnan(row.host_us) and math.isnan(row.peak_mib) and row.first_call_ms > 0
+    both = next(r for r in interpreted if r.shape == "4x1000" and r.direction == "forward+backward")
+    assert both.bytes == 5 * 4 * 1000 * 4
+    latency = [r for r in interpreted if r.shape == "2x1000"]
+    assert all(r.regime == "latency" and r.host_us > 0 for r in latency)
+    assert row.torch_version == torch.__version__ and row.kernelgate_version == kernelgate.__version__
+    assert row.triton_version == kernelgate.backend.triton_version()
+    assert row.kernelgate_commit == "abc1234" and row.device == "cpu" and row.gpu == "cpu"
+    assert "perf_counter" in row.timer and "interpreter" in row.timer
+    assert row.schema_version == bench.SCHEMA_VERSION
+    assert len({r.started for r in interpreted}) == 1
+
+
+def test_csv_schema_round_trip(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
+    """The CSV's header is the BenchRow schema (version first); reading and writing it again changes nothing."""
+    path = bench.write_csv(interpreted, tmp_path / "bench.csv")
+    header = path.read_text().splitlines()[0].split(",")
+    assert tuple(header) == bench.COLUMNS and header[0] == "schema_version"
+    assert set(header) == {f.name for f in dataclasses.fields(bench.BenchRow)}
+    for column in (
+        "gpu",
+        "driver",
+        "torch_version",
+        "triton_version",
+        "kernelgate_version",
+        "kernelgate_commit",
+        "timer",
+    ):
+        assert column in header
+    again = bench.write_csv(bench.read_csv(path), tmp_path / "again.csv")
+    assert again.read_text() == path.read_text()
+
+
+def test_csv_of_another_schema_is_refused(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
+    """A CSV with other columns or another schema version raises BenchError saying to write it again."""
+    path = bench.write_csv(interpreted[:1], tmp_path / "bench.csv")
+    text = path.read_text()
+    _write(tmp_path, text.replace("schema_version,", "version,", 1), "renamed.csv")
+    with pytest.raises(bench.BenchError, match="missing columns: schema_version"):
+        bench.read_csv(tmp_path / "renamed.csv")
+    lines = text.splitlines()
+    _write(tmp_path, "\n".join([lines[0], "99" + lines[1][1:]]), "future.csv")
+    with pytest.raises(bench.BenchError, match=r"schema_version 99.*kernelgate bench"):
+        bench.read_csv(tmp_path / "future.csv")
+
+
+def test_summary_tables_and_misses(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
+    """summary.md has per op and dtype a bandwidth table, a latency table, and the list of missed targets."""
+    text = bench.write_summary(interpreted, tmp_path / "summary.md").read_text()
+    assert "## softmax float32" in text and "Fraction of copy bandwidth" in text and "Microseconds per call" in text
+    assert "| 4x1000 | forward |" in text and "| 2x1000 | forward+backward |" in text
+    assert "triton:single_block" in text and "vs best peer" in text and "## Targets missed" in text
+    for missed in bench.misses(interpreted):
+        assert missed in text
+
+
+def test_misses_apply_each_target(interpreted: list[bench.BenchRow]) -> None:
+    """A slow kernelgate row misses the bandwidth, best-peer and eager targets; a fast one misses none of them."""
+    base = next(r for r in interpreted if r.shape == "4x1000" and r.direction == "forward" and r.impl == "eager")
+    eager = dataclasses.replace(base, time_us=100.0, frac_of_copy=0.95)
+    fast = dataclasses.replace(base, impl="kernelgate", time_us=99.0, frac_of_copy=0.96)
+    assert bench.misses([eager, fast]) == []
+    slow = dataclasses.replace(fast, time_us=110.0, frac_of_copy=0.86)
+    found = bench.misses([eager, slow])
+    assert len(found) == 3 and "0.86 of copy bandwidth (target 0.90)" in found[0]
+    assert "speed of eager" in found[1] and "slower than eager" in found[2]
+    host = dataclasses.replace(eager, regime="latency", host_us=10.0, impl="triton:single_block")
+    assert "host cost" in bench.misses([host, dataclasses.replace(fast, regime="latency", host_us=12.5)])[0]
+
+
+def test_plots_are_png_files(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
+    """write_plots draws one non-empty PNG per op."""
+    paths = bench.write_plots(interpreted, tmp_path)
+    assert paths == [tmp_path / "softmax.png"]
+    data = paths[0].read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 10_000
+
+
+def test_compile_failure_is_a_skipped_row(tmp_path: Path) -> None:
+    """When torch.compile fails the compile rows are skipped with the error, and later shapes skip it at once."""
+
+    def broken(graph: Any, example_inputs: Any) -> Any:
+        raise RuntimeError("no compiler here")
+
+    suite = bench.Suite(("float32",), {"rowwise": (bench.ShapeGroup(shapes=((2, 16), (3, 16))),)})
+    rows = bench.run(["rms_norm"], suite=suite, device="cpu", backward=False, compile_backend=broken, cpu_repeats=1)
+    compiled = [r for r in rows if r.impl == "compile"]
+    assert [r.status for r in compiled] == ["skipped", "skipped"]
+    assert "torch.compile failed" in compiled[0].note and "no compiler here" in compiled[0].note
+    assert "at an earlier shape" in compiled[1].note
+    assert all(r.status == "ok" for r in rows if r.impl != "compile")
+
+
+def test_a_case_that_cannot_run_is_an_error_row(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Inputs that cannot be made give one error row and the run goes on; the command then exits 1."""
+
+    def no_memory(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+        raise RuntimeError("out of memory (simulated)")
+
+    broken = dataclasses.replace(bench.spec_for("softmax"), make_args=no_memory)
+    monkeypatch.setattr(bench_specs, "SPECS", tuple(broken if s.op == "softmax" else s for s in bench.SPECS))
+    rows = bench.run(["softmax", "rms_norm"], suite=TINY, device="cpu", compile=False, backward=False, cpu_repeats=1)
+    failed = [r for r in rows if r.op == "softmax"]
+    assert [(r.status, r.shape) for r in failed] == [("error", "4x1000"), ("error", "2x1000")]
+    assert "could not be measured: RuntimeError: out of memory (simulated)" in failed[0].note
+    assert all(r.status == "ok" for r in rows if r.op == "rms_norm")
+    suite = _write(tmp_path, {"schema": 1, "dtypes": ["float32"], "shapes": {"rowwise": [{"shapes": [[2, 8]]}]}})
+    argv = ["bench", "--suite", str(suite), "--op", "softmax", "--no-compile", "--out", str(tmp_path / "out")]
+    assert main(argv) == EXIT_PROBLEM
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_suite(tmp_path: Path) -> Path:
+    return _write(
+        tmp_path,
+        {"schema": 1, "dtypes": ["float32"], "shapes": {"rowwise": [{"target_bytes": 8192, "row_lengths": [64, 256]}]}},
+    )
+
+
+def test_cli_writes_csv_summary_and_plots(
+    cli_suite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kernelgate bench writes bench.csv, summary.md and a PNG per op; --plot CSV redraws them without measuring."""
+    out = tmp_path / "out"
+    argv = ["bench", "--suite", str(cli_suite), "--op", "rms_norm", "--no-compile", "--out", str(out)]
+    code = main([*argv, "--latency-mib", "0.001", "--dtype", "float32"])
+    printed = capsys.readouterr().out
+    assert code == EXIT_OK, printed
+    assert "rms_norm float32" in printed and "kernelgate" in printed
+    rows = bench.read_csv(out / "bench.csv")
+    assert {r.impl for r in rows} >= {"eager", "kernelgate"} and {r.shape for r in rows} == {"32x64", "8x256"}
+    assert (out / "summary.md").read_text().startswith("# kernelgate bench")
+    assert (out / "rms_norm.png").stat().st_size > 0
+
+    def no_measuring(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--plot must not measure")
+
+    monkeypatch.setattr(bench, "run", no_measuring)
+    again = tmp_path / "again"
+    assert main(["bench", "--plot", str(out / "bench.csv"), "--out", str(again)]) == EXIT_OK
+    assert sorted(p.name for p in again.iterdir()) == ["rms_norm.png", "summary.md"]
+    assert (again / "summary.md").read_text() == (out / "summary.md").read_text()
+
+
+def test_cli_without_matplotlib_says_how_to_plot_later(
+    cli_suite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without matplotlib the CSV and summary are written and one line says how to get the plots."""
+    monkeypatch.setattr(bench, "plots_available", lambda: False)
+    out = tmp_path / "out"
+    code = main(
+        ["bench", "--suite", str(cli_suite), "--op", "softmax", "--no-compile", "--no-backward", "--out", str(out)]
+    )
+    printed = capsys.readouterr().out
+    assert code == EXIT_OK
+    assert "pip install matplotlib" in printed and "kernelgate bench --plot CSV" in printed
+    assert sorted(p.name for p in out.iterdir()) == ["bench.csv", "summary.md"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--op", "nosuch"], "no op named 'nosuch'"),
+        (["--suite", "{bad"], "not valid JSON"),
+        (["--plot", "missing.csv"], "cannot read"),
+    ],
+)
+def test_cli_usage_errors(
+    argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unknown op, a malformed suite or a missing CSV exits 2 with the message."""
+    monkeypatch.chdir(tmp_path)
+    if argv[0] == "--suite":
+        argv = ["--suite", str(_write(tmp_path, argv[1]))]
+    monkeypatch.setenv("COLUMNS", "400")
+    code = main(["bench", *argv, "--out", str(tmp_path / "out")])
+    assert code == EXIT_USAGE
+    assert expected in " ".join(capsys.readouterr().out.split())
+
+
+# --- on the GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_run_measures_bandwidth_memory_and_host_cost(tmp_path: Path) -> None:
+    """On the GPU: do_bench timing, a 2 GiB copy, peak memory, host cost at latency shapes, tuned Triton rows."""
+    suite = bench.Suite(
+        ("bfloat16",),
+        {
+            "rowwise": (
+                bench.ShapeGroup(row_lengths=(4096,), target_bytes=32 * MiB),
+                bench.ShapeGroup(shapes=((64, 4096),)),
+            )
+        },
+    )
+    rows = bench.run(["softmax", "rms_norm"], suite=suite)
+    assert all(r.status == "ok" for r in rows if r.impl != "compile"), [(r.impl, r.note) for r in rows]
+    assert rows[0].copy_gbps > 500 and "do_bench" in rows[0].timer and rows[0].gpu != "cpu"
+    assert all(r.peak_mib >= 0 for r in rows if r.status == "ok")
+    assert all(r.host_us > 0 for r in rows if r.status == "ok" and r.shape == "64x4096")
+    assert all(math.isnan(r.host_us) for r in rows if r.shape == "4096x4096")
+    assert any(r.impl.startswith("triton:") for r in rows)
+    bench.write_summary(rows, tmp_path / "summary.md")

@@ -18,6 +18,7 @@ __all__ = ["rms_norm", "rms_norm_backward"]
 RMS_NORM_FWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_kernel")
 RMS_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_looped_kernel")
 RMS_NORM_BWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_kernel")
+RMS_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_looped_kernel")
 # Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
 # sums of dweight stay small.
 BWD_PROGRAMS_PER_SM = 4
@@ -77,8 +78,15 @@ def _programs(device: torch.device, n_rows: int) -> int:
     return max(1, min(n_rows, BWD_PROGRAMS_PER_SM * sms))
 
 
-def _launch_backward(
-    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+def _run_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    *,
+    looped: bool,
+    block: int,
+    num_warps: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     x_rows, g_rows = as_rows(x, "x"), as_rows(grad, "grad")
     w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
@@ -87,14 +95,29 @@ def _launch_backward(
     programs = cdiv(n_rows, rows_per_program)
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
+    # The looped kernel keeps each row's rstd and mean(g * xhat) here between its two passes.
+    stats = (torch.empty((n_rows, 2), dtype=torch.float32, device=x.device),) if looped else ()
     launch(
-        RMS_NORM_BWD, (programs,), g_rows.tensor, x_rows.tensor, x_rows.tensor if w is None else w, dx, partial,
-        g_rows.stride, x_rows.stride, n_cols, n_rows, n_cols, eps, rows_per_program,
-        HAS_WEIGHT=w is not None, BLOCK_N=rowwise.single_block(n_cols), num_warps=config["num_warps"],
+        RMS_NORM_BWD_LOOPED if looped else RMS_NORM_BWD, (programs,), g_rows.tensor, x_rows.tensor,
+        x_rows.tensor if w is None else w, dx, partial, *stats, g_rows.stride, x_rows.stride, n_cols, n_rows, n_cols,
+        eps, rows_per_program, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=num_warps,
     )  # fmt: skip
     if w is None:
         return dx, x.new_empty(0)
     return dx, partial.sum(dim=0).to(w.dtype)
+
+
+def _launch_backward(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    block = rowwise.single_block(x.shape[-1])
+    return _run_backward(grad, x, weight, eps, looped=False, block=block, num_warps=config["num_warps"])
+
+
+def _launch_backward_looped(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run_backward(grad, x, weight, eps, looped=True, block=config["BLOCK_N"], num_warps=config["num_warps"])
 
 
 def _make_backward_inputs(
@@ -113,7 +136,10 @@ rms_norm_backward = Op(
         TensorArg("weight", rank=1, sizes={0: ("x", -1)}, optional=True),
         ScalarArg("eps", kind=float, min=0.0),
     ),
-    implementations=(rowwise.single_block_impl(_launch_backward, RMS_NORM_BWD, lambda grad, x, *_: x.shape[-1]),),
+    implementations=(
+        rowwise.single_block_impl(_launch_backward, RMS_NORM_BWD, lambda grad, x, *_: x.shape[-1]),
+        rowwise.looped_impl(_launch_backward_looped, RMS_NORM_BWD_LOOPED, lambda grad, x, *_: x.shape[-1]),
+    ),
     bucket=lambda grad, x, weight, eps: _bucket(x, weight, eps),
     reduction_length=lambda grad, x, weight, eps: int(x.numel() // max(x.shape[-1], 1)) + int(x.shape[-1]),
     returns="(Tensor, Tensor)",

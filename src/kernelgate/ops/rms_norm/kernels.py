@@ -1,4 +1,7 @@
-"""Triton kernels of rms_norm. One program per row; rows are contiguous, ``stride_*m`` apart."""
+"""Triton kernels of rms_norm. Rows are contiguous, ``stride_*m`` apart.
+
+The forward kernels run one program per row; the backward kernels one per group of rows.
+"""
 
 from __future__ import annotations
 
@@ -96,3 +99,71 @@ def _rms_norm_bwd_kernel(
             dw += dy * xhat
     if HAS_WEIGHT:
         tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
+
+
+@triton.jit
+def _rms_norm_bwd_looped_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    dx_ptr,
+    dw_ptr,
+    stats_ptr,
+    stride_dym,
+    stride_xm,
+    stride_dxm,
+    n_rows,
+    n_cols,
+    eps,
+    rows_per_program,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Gradients of rms_norm for rows longer than one block: the formulas of ``_rms_norm_bwd_kernel``.
+
+    dy_ptr, x_ptr, dx_ptr: (n_rows, n_cols); w_ptr: (n_cols,); dw_ptr: (programs, n_cols) float32
+    partial sums of dw, one row per program; stats_ptr: (n_rows, 2) float32 scratch holding each
+    row's rstd and mean(g * xhat). Grid: (programs,); each program takes rows_per_program
+    consecutive rows. A first pass streams each row for its two sums; a second pass goes column
+    block by column block over the program's rows, so the block's dw sum stays in registers and is
+    stored once. dy and x are read twice, dx written once.
+    """
+    pid = tl.program_id(0)
+    first = pid * rows_per_program
+    last = tl.minimum(first + rows_per_program, n_rows)
+    for row in range(first, last):
+        sum_xx = tl.zeros([BLOCK_N], tl.float32)
+        sum_gx = tl.zeros([BLOCK_N], tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            mask = cols < n_cols
+            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_WEIGHT:
+                g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            sum_xx += x * x
+            sum_gx += g * x
+        rstd = 1.0 / tl.sqrt(tl.sum(sum_xx, axis=0) / n_cols + eps)
+        tl.store(stats_ptr + 2 * row, rstd)
+        tl.store(stats_ptr + 2 * row + 1, tl.sum(sum_gx, axis=0) * rstd / n_cols)
+    # Every thread of the program reads the statistics stored above.
+    tl.debug_barrier()
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        dw = tl.zeros([BLOCK_N], tl.float32)
+        for row in range(first, last):
+            rstd = tl.load(stats_ptr + 2 * row)
+            mean_gxhat = tl.load(stats_ptr + 2 * row + 1)
+            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+            xhat = x * rstd
+            g = dy * w if HAS_WEIGHT else dy
+            dx = (g - xhat * mean_gxhat) * rstd
+            tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            if HAS_WEIGHT:
+                dw += dy * xhat
+        if HAS_WEIGHT:
+            tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)

@@ -1,0 +1,214 @@
+"""add_rms_norm: declaration, launchers and the op object ``kernelgate.add_rms_norm``.
+
+The residual add of a transformer block fused with the RMS normalisation after it: one pass reads
+``x`` and ``residual`` and writes the normalised sum ``y`` and the sum ``s``, where unfused PyTorch
+writes ``s``, reads it back, and reads and writes again inside rms_norm.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernelgate import backend, rowwise
+from kernelgate.config import Config
+from kernelgate.contract import ScalarArg, TensorArg
+from kernelgate.launch import LazyKernel, as_rows, cdiv, empty, launch
+from kernelgate.library import Backward
+from kernelgate.op import Op
+from kernelgate.ops.add_rms_norm.reference import add_rms_norm_backward_reference, add_rms_norm_reference
+
+__all__ = ["add_rms_norm", "add_rms_norm_backward"]
+
+# The kernels are imported on first launch: `import kernelgate` works without Triton.
+_KERNELS = "kernelgate.ops.add_rms_norm.kernels"
+ADD_RMS_NORM_FWD = LazyKernel(_KERNELS, "_add_rms_norm_fwd_kernel")
+ADD_RMS_NORM_FWD_LOOPED = LazyKernel(_KERNELS, "_add_rms_norm_fwd_looped_kernel")
+ADD_RMS_NORM_BWD = LazyKernel(_KERNELS, "_add_rms_norm_bwd_kernel")
+ADD_RMS_NORM_BWD_LOOPED = LazyKernel(_KERNELS, "_add_rms_norm_bwd_looped_kernel")
+# Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
+# sums of dweight stay small.
+BWD_PROGRAMS_PER_SM = 4
+
+
+def _contiguous_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
+    return weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
+
+
+def _run_rows(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    kernel: LazyKernel,
+    block: int,
+    num_warps: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x_rows, r_rows = as_rows(x, "x"), as_rows(residual, "residual")
+    w = _contiguous_weight(weight)
+    # s has the dtype torch gives x + residual; y has s's dtype, as rms_norm(s) has.
+    dtype = torch.result_type(x, residual)
+    y = empty(x.shape, dtype=dtype, device=x.device)  # contiguous: rows n_cols apart
+    s = empty(x.shape, dtype=dtype, device=x.device)
+    n_cols = x_rows.n_cols
+    launch(
+        kernel, (x_rows.n_rows,), x_rows.tensor, r_rows.tensor, x_rows.tensor if w is None else w, y, s,
+        x_rows.stride, r_rows.stride, n_cols, n_cols, n_cols, eps,
+        HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=num_warps,
+    )  # fmt: skip
+    return y, s
+
+
+def _launch_single_block(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    block = rowwise.single_block(x.shape[-1])
+    return _run_rows(x, residual, weight, eps, ADD_RMS_NORM_FWD, block, config["num_warps"])
+
+
+def _launch_looped(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run_rows(x, residual, weight, eps, ADD_RMS_NORM_FWD_LOOPED, config["BLOCK_N"], config["num_warps"])
+
+
+def _bucket(x: torch.Tensor, weight: torch.Tensor | None) -> tuple[int, int, bool, bool]:
+    n = x.shape[-1]
+    return (*rowwise.row_bucket(x.numel() // max(n, 1), n), weight is not None)
+
+
+def _make_inputs(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    x, residual, w = (torch.randn(s, device=device).to(dtype) for s in (shape, shape, shape[-1:]))
+    return x, residual, w, 1e-6
+
+
+def _programs(device: torch.device, n_rows: int) -> int:
+    # Under the interpreter: few programs, each over many rows, which exercises the row loop.
+    sms = backend.multiprocessors(device) if device.type == "cuda" else 2
+    return max(1, min(n_rows, BWD_PROGRAMS_PER_SM * sms))
+
+
+def _run_backward(
+    grad: torch.Tensor,
+    grad_s: torch.Tensor | None,
+    s: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    *,
+    looped: bool,
+    block: int,
+    num_warps: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    s_rows, g_rows = as_rows(s, "s"), as_rows(grad, "grad")
+    ds_rows = as_rows(grad_s, "grad_s") if grad_s is not None else s_rows  # any pointer without HAS_DS
+    w = _contiguous_weight(weight)
+    n_rows, n_cols = s_rows.n_rows, s_rows.n_cols
+    rows_per_program = cdiv(n_rows, _programs(s.device, n_rows))
+    programs = cdiv(n_rows, rows_per_program)
+    dx = empty(s.shape, dtype=s.dtype, device=s.device)
+    partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=s.device)
+    # The looped kernel keeps each row's rstd and mean(g * shat) here between its two passes.
+    stats = (torch.empty((n_rows, 2), dtype=torch.float32, device=s.device),) if looped else ()
+    launch(
+        ADD_RMS_NORM_BWD_LOOPED if looped else ADD_RMS_NORM_BWD, (programs,), g_rows.tensor, ds_rows.tensor,
+        s_rows.tensor, s_rows.tensor if w is None else w, dx, partial, *stats, g_rows.stride, ds_rows.stride,
+        s_rows.stride, n_cols, n_rows, n_cols, eps, rows_per_program,
+        HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=num_warps,
+    )  # fmt: skip
+    if w is None:
+        return dx, s.new_empty(0)
+    return dx, partial.sum(dim=0).to(w.dtype)
+
+
+def _launch_backward(
+    grad: torch.Tensor,
+    grad_s: torch.Tensor | None,
+    s: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float = 1e-6,
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    block = rowwise.single_block(s.shape[-1])
+    return _run_backward(grad, grad_s, s, weight, eps, looped=False, block=block, num_warps=config["num_warps"])
+
+
+def _launch_backward_looped(
+    grad: torch.Tensor,
+    grad_s: torch.Tensor | None,
+    s: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float = 1e-6,
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    block, num_warps = config["BLOCK_N"], config["num_warps"]
+    return _run_backward(grad, grad_s, s, weight, eps, looped=True, block=block, num_warps=num_warps)
+
+
+def _make_backward_inputs(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    grad, grad_s, s, w = (torch.randn(n, device=device).to(dtype) for n in (shape, shape, shape, shape[-1:]))
+    return grad, grad_s, s, w, 1e-6
+
+
+def _backward_row_length(grad: torch.Tensor, grad_s: torch.Tensor | None, s: torch.Tensor, *_: object) -> int:
+    return int(s.shape[-1])
+
+
+add_rms_norm_backward = Op(
+    "add_rms_norm_backward",
+    reference=add_rms_norm_backward_reference,
+    args=(
+        TensorArg("grad", min_rank=1),
+        TensorArg("grad_s", same_shape_as="grad", optional=True),
+        TensorArg("s", same_shape_as="grad"),
+        TensorArg("weight", rank=1, sizes={0: ("s", -1)}, optional=True),
+        ScalarArg("eps", kind=float, min=0.0),
+    ),
+    implementations=(
+        rowwise.single_block_impl(_launch_backward, ADD_RMS_NORM_BWD, _backward_row_length),
+        rowwise.looped_impl(_launch_backward_looped, ADD_RMS_NORM_BWD_LOOPED, _backward_row_length),
+    ),
+    bucket=lambda grad, grad_s, s, weight, eps: (*_bucket(s, weight), grad_s is not None),
+    # dx reduces over its row; dweight over every row.
+    reduction_length=lambda grad, grad_s, s, weight, eps: int(s.numel() // max(s.shape[-1], 1)) + int(s.shape[-1]),
+    returns="(Tensor, Tensor)",
+    make_inputs=_make_backward_inputs,
+)
+
+
+def _add_rms_norm_grads(saved: tuple[object, ...], grads: tuple[torch.Tensor | None, ...]) -> tuple[object, ...]:
+    s, weight, eps = saved
+    assert isinstance(s, torch.Tensor) and isinstance(eps, float)
+    grad_y, grad_s = grads
+    if grad_y is None:  # y was not used: s's gradient passes straight to x and residual
+        return grad_s, grad_s, None, None
+    dx, dw = add_rms_norm_backward(grad_y, grad_s, s, weight, eps)
+    # d(x + residual)/dx = d(x + residual)/dresidual = 1: both receive the gradient of s.
+    return dx, dx, (dw if weight is not None else None), None
+
+
+add_rms_norm = Op(
+    "add_rms_norm",
+    reference=add_rms_norm_reference,
+    args=(
+        TensorArg("x", min_rank=1),
+        TensorArg("residual", same_shape_as="x"),
+        TensorArg("weight", rank=1, sizes={0: ("x", -1)}, optional=True),
+        ScalarArg("eps", kind=float, min=0.0),
+    ),
+    implementations=(
+        rowwise.single_block_impl(_launch_single_block, ADD_RMS_NORM_FWD, lambda x, *_: x.shape[-1]),
+        rowwise.looped_impl(_launch_looped, ADD_RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1]),
+    ),
+    bucket=lambda x, residual, weight, eps: _bucket(x, weight),
+    reduction_length=lambda x, residual, weight, eps: int(x.shape[-1]),
+    # The gradient needs only the sum s (an output), the weight and eps: neither x nor residual is
+    # kept, and rstd is recomputed in the backward kernel rather than stored.
+    backward=Backward(save=lambda inputs, outputs: (outputs[1], inputs[2], inputs[3]), grads=_add_rms_norm_grads),
+    returns="(Tensor, Tensor)",
+    make_inputs=_make_inputs,
+)

@@ -90,18 +90,6 @@ def test_rms_norm_gradients_match_the_reference(
         assert_no_worse(got[position], *_torch_grads(torch_rms_norm, ordered, grad))
 
 
-def test_long_rows_backward_of_rms_norm_falls_back_visibly() -> None:
-    """rms_norm's backward kernel holds a row in one block; longer rows take the reference, with the reason."""
-    kernelgate.configure(tune=False)
-    x = torch.randn(2, 20000, requires_grad=True)
-    with (
-        kernelgate.use_interpreter(),
-        pytest.warns(kernelgate.FallbackWarning, match="rms_norm_backward.*shape-unsupported"),
-    ):
-        kernelgate.rms_norm(x, None, 1e-5).sum().backward()
-    assert x.grad is not None
-
-
 @pytest.mark.parametrize(
     ("op", "make"),
     [

@@ -18,6 +18,7 @@ from kernelgate.config import Config, ConfigSpace
 from kernelgate.contract import FLOAT_DTYPES, ChoiceArg, DimArg, ScalarArg, ShapeArg, TensorArg
 from kernelgate.dispatch import FallbackRecord, Plan, Reason, fallbacks, reset_fallbacks, use_interpreter, use_mode
 from kernelgate.errors import (
+    BenchError,
     CacheWarning,
     CheckError,
     CheckWarning,
@@ -48,7 +49,17 @@ from kernelgate.launch import (
 )
 from kernelgate.library import Backward
 from kernelgate.op import HALF_AND_FLOAT, Op, TritonImpl, get_op, registered_ops
-from kernelgate.ops import rms_norm, rms_norm_backward, rotary_embedding, softmax, softmax_backward
+from kernelgate.ops import (
+    add_rms_norm,
+    add_rms_norm_backward,
+    layer_norm,
+    layer_norm_backward,
+    rms_norm,
+    rms_norm_backward,
+    rotary_embedding,
+    softmax,
+    softmax_backward,
+)
 from kernelgate.settings import Settings, configure, reload_settings, settings
 
 try:
@@ -60,6 +71,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "HALF_AND_FLOAT",
     "Backward",
+    "BenchError",
     "CacheWarning",
     "CheckError",
     "CheckWarning",
@@ -90,6 +102,8 @@ __all__ = [
     "TritonUnavailableError",
     "Unsupported",
     "__version__",
+    "add_rms_norm",
+    "add_rms_norm_backward",
     "as_contiguous",
     "as_rows",
     "block_size",
@@ -101,6 +115,8 @@ __all__ = [
     "fallbacks",
     "get_op",
     "launch",
+    "layer_norm",
+    "layer_norm_backward",
     "next_power_of_2",
     "nn",
     "num_warps_for",

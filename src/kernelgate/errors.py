@@ -13,8 +13,10 @@ keeps working::
     ├── TritonUnavailableError (RuntimeError)
     │                                   mode "triton" was requested but no Triton implementation
     │                                   can run (or passed the correctness gate for) these inputs
-    └── CheckError (RuntimeError)       check mode found a Triton result that differs from the
-                                        reference
+    ├── CheckError (RuntimeError)       check mode found a Triton result that differs from the
+    │                                   reference
+    └── BenchError (ValueError)         a benchmark request is invalid: an unknown op or dtype,
+                                        a malformed suite file or results CSV
 
     KernelgateWarning (UserWarning)
     ├── FallbackWarning                 a call took the reference path instead of Triton
@@ -32,6 +34,7 @@ import os
 import sys
 
 __all__ = [
+    "BenchError",
     "CacheWarning",
     "CheckError",
     "CheckWarning",
@@ -83,6 +86,10 @@ class TritonUnavailableError(KernelgateError, RuntimeError):
 
 class CheckError(KernelgateError, RuntimeError):
     """Check mode found a Triton result that differs from the reference; the message is the report."""
+
+
+class BenchError(KernelgateError, ValueError):
+    """A benchmark request is invalid: an unknown op or dtype, a malformed suite file or results CSV."""
 
 
 class KernelgateWarning(UserWarning):

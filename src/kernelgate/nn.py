@@ -15,10 +15,20 @@ from __future__ import annotations
 
 import torch
 
+from kernelgate.ops.layer_norm import layer_norm
 from kernelgate.ops.rms_norm import rms_norm
 from kernelgate.ops.softmax import softmax
 
-__all__ = ["RMSNorm", "Softmax"]
+__all__ = ["LayerNorm", "RMSNorm", "Softmax"]
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """:class:`torch.nn.LayerNorm` computed by :func:`kernelgate.layer_norm` (any ``normalized_shape``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # weight is None without elementwise_affine, bias is None with bias=False: the op takes both.
+        result: torch.Tensor = layer_norm(x, tuple(self.normalized_shape), self.weight, self.bias, self.eps)
+        return result
 
 
 class RMSNorm(torch.nn.RMSNorm):

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from kernelgate.errors import KernelgateError
+from kernelgate.errors import BenchError
 
 __all__ = ["DEFAULT_SUITE_PATH", "DTYPES", "BenchError", "Case", "ShapeGroup", "Suite", "default_suite", "load_suite"]
 
@@ -52,10 +52,6 @@ DTYPES: Mapping[str, torch.dtype] = MappingProxyType(
 )
 _TOP_KEYS = ("schema", "description", "dtypes", "shapes", "quick", "extend")
 _ENTRY_KEYS = ("shapes", "row_lengths", "target_bytes")
-
-
-class BenchError(KernelgateError, ValueError):
-    """A benchmark request is invalid: an unknown op or dtype, a malformed suite file or results CSV."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 from kernelgate.op import Op
+from kernelgate.ops.add_rms_norm import add_rms_norm, add_rms_norm_backward
+from kernelgate.ops.layer_norm import layer_norm, layer_norm_backward
 from kernelgate.ops.rms_norm import rms_norm, rms_norm_backward
 from kernelgate.ops.rotary import rotary_embedding
 from kernelgate.ops.softmax import softmax, softmax_backward
 
-__all__ = ["BUILTIN_OPS", "rms_norm", "rms_norm_backward", "rotary_embedding", "softmax", "softmax_backward"]
+__all__ = [
+    "BUILTIN_OPS",
+    "add_rms_norm",
+    "add_rms_norm_backward",
+    "layer_norm",
+    "layer_norm_backward",
+    "rms_norm",
+    "rms_norm_backward",
+    "rotary_embedding",
+    "softmax",
+    "softmax_backward",
+]
 
-BUILTIN_OPS: tuple[Op, ...] = (softmax, softmax_backward, rms_norm, rms_norm_backward, rotary_embedding)
+BUILTIN_OPS: tuple[Op, ...] = (
+    softmax,
+    softmax_backward,
+    rms_norm,
+    rms_norm_backward,
+    add_rms_norm,
+    add_rms_norm_backward,
+    layer_norm,
+    layer_norm_backward,
+    rotary_embedding,
+)

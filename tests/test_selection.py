@@ -739,3 +739,25 @@ def test_a_demoting_call_of_a_mutating_op_leaves_the_reference_result_in_place()
         result = op(x, out)
     assert torch.equal(out, torch.full((4,), 12.0))
     assert result.data_ptr() == out.data_ptr()
+
+
+def test_summed_outputs_are_gated_by_the_error_norm() -> None:
+    """A weight gradient summed in another order passes the normwise gate where elementwise bounds reject it,
+    and a wrong column still fails it."""
+    from kernelgate.ops.rms_norm import rms_norm_backward
+    from kernelgate.selection import compare
+
+    gen = torch.Generator().manual_seed(0)
+    terms = 10 * torch.randn(512, 256, generator=gen)
+    terms[-1, 5] = -float(terms[:-1, 5].double().sum()) + 1e-4  # column 5 cancels to about 1e-4
+    expected = terms.double().sum(dim=0).float()
+    reordered = terms.reshape(8, 64, 256).sum(dim=1).sum(dim=0)  # per-program partial sums, then their sum
+    assert compare(reordered, expected, 512 + 256) is not None, "this seed no longer cancels: pick another"
+    assert compare(reordered, expected, 512 + 256, normwise=(0,)) is None
+    wrong = reordered.clone()
+    wrong[7] += 0.05 * float(expected.norm()) / 16
+    assert compare(wrong, expected, 512 + 256, normwise=(0,)) is not None
+    nan = reordered.clone()
+    nan[3] = float("nan")
+    assert compare(nan, expected, 512 + 256, normwise=(0,)) is not None
+    assert rms_norm_backward.normwise_outputs == (1,)

@@ -58,7 +58,7 @@ def check_result(
     current: Settings,
 ) -> bool:
     """Compare ``result`` with ``expected``; on a mismatch, report and raise, or demote and return True."""
-    mismatch = compare(result, expected, op.reduction_length(*original))
+    mismatch = compare(result, expected, op.reduction_length(*original), op.normwise_outputs)
     if mismatch is None:
         return False
     directory = (current.cache_dir or default_cache_dir()) / "failures"

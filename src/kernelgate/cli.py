@@ -326,7 +326,12 @@ def replay_command(console: Console, path: Path) -> int:
     config = impl.configs.validate(case["config"]) if impl.configs is not None else None
     interpret = bool(case["interpret"]) or device.type == "cpu"
     expected = op.reference(*args)
-    mismatch = compare(run_candidate(impl, config, args, interpret, poison=True), expected, op.reduction_length(*args))
+    mismatch = compare(
+        run_candidate(impl, config, args, interpret, poison=True),
+        expected,
+        op.reduction_length(*args),
+        op.normwise_outputs,
+    )
     label = f"{op.name} {impl.name} config {case['config']} on {device}"
     if mismatch is None:
         console.print(f"[green]{label}: matches the reference now[/green]")

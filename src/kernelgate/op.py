@@ -217,6 +217,9 @@ class Op:
             power of two.
         reduction_length: ``reduction_length(*args) -> int``: how many inputs each output
             reduces over, which scales the tolerance; default 1.
+        normwise_outputs: indices of outputs that are sums of terms of both signs over many rows
+            (weight gradients): the gate compares them by the norm of the error, since a correct
+            kernel that adds in another order misses elementwise bounds where the sum cancels.
         mutates: names of tensor arguments the op writes in place; tuning runs on copies of them.
         backward: how gradients are computed (:class:`kernelgate.Backward`); default: autograd of
             the reference, recomputed from the saved inputs.
@@ -238,6 +241,7 @@ class Op:
         reduction_length: Callable[..., int] | None = None,
         mutates: Sequence[str] = (),
         backward: Backward | None = None,
+        normwise_outputs: Sequence[int] = (),
         returns: str = "Tensor",
         make_inputs: Callable[[tuple[int, ...], torch.dtype, torch.device], tuple[Any, ...]] | None = None,
         register: bool = True,
@@ -272,6 +276,7 @@ class Op:
         self.bucket = bucket or _default_bucket
         self.reduction_length: Callable[..., int] = reduction_length or (lambda *args: 1)
         self.mutates = tuple(mutates)
+        self.normwise_outputs = tuple(normwise_outputs)
         self.mutated_positions = tuple(i for i, s in enumerate(self.args) if s.name in self.mutates)
         self.make_inputs = make_inputs
         self.backward = backward

@@ -23,7 +23,7 @@ import torch
 
 from kernelgate.config import Config, config_label
 from kernelgate.launch import Unsupported, call_state
-from kernelgate.tolerance import assert_close, tolerance
+from kernelgate.tolerance import assert_close, assert_close_normwise, tolerance
 
 if TYPE_CHECKING:
     from kernelgate.op import Op, TritonImpl
@@ -73,8 +73,12 @@ def _outputs(result: Any) -> list[torch.Tensor]:
     return [r for r in result if isinstance(r, torch.Tensor)]
 
 
-def compare(actual: Any, expected: Any, reduction_length: int) -> Mismatch | None:
-    """``None`` when every output matches its reference under the tolerance policy, else the mismatch."""
+def compare(actual: Any, expected: Any, reduction_length: int, normwise: Sequence[int] = ()) -> Mismatch | None:
+    """``None`` when every output matches its reference under the tolerance policy, else the mismatch.
+
+    Outputs whose index is in ``normwise`` (sums that cancel, see ``Op(normwise_outputs=...)``)
+    are compared by the norm of the error rather than element by element.
+    """
     got, want = _outputs(actual), _outputs(expected)
     if len(got) != len(want):
         return Mismatch(float("inf"), float("inf"), None, 0)
@@ -82,7 +86,10 @@ def compare(actual: Any, expected: Any, reduction_length: int) -> Mismatch | Non
         try:
             if a.shape != e.shape or a.dtype != e.dtype:
                 raise AssertionError("shape or dtype differs")
-            assert_close(a, e, reduction_length=reduction_length)
+            if index in normwise:
+                assert_close_normwise(a, e, reduction_length=reduction_length)
+            else:
+                assert_close(a, e, reduction_length=reduction_length)
         except AssertionError:
             return _describe(a, e, index)
     return None
@@ -186,7 +193,7 @@ def tune(
             except Exception as err:  # a config that fails to compile or run is skipped, not fatal
                 results.append(CandidateResult(impl.name, config, "error", detail=f"{type(err).__name__}: {err}"[:500]))
                 continue
-            mismatch = compare(out, expected, reduction)
+            mismatch = compare(out, expected, reduction, op.normwise_outputs)
             if mismatch is not None:
                 results.append(CandidateResult(impl.name, config, "mismatch", detail=str(mismatch)))
                 continue

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-__all__ = ["Tolerance", "assert_close", "assert_no_worse", "tolerance"]
+__all__ = ["Tolerance", "assert_close", "assert_close_normwise", "assert_no_worse", "tolerance"]
 
 # Two units in the last place: eps is one ulp at 1.0; each side may be rounded once.
 RTOL: dict[torch.dtype, float] = {
@@ -77,6 +77,33 @@ def assert_close(
         raise ValueError("a tolerance override must carry a reason (Tolerance(..., reason='why')).")
     bound = override or tolerance(expected.dtype, reduction_length)
     torch.testing.assert_close(actual, expected, atol=bound.atol, rtol=bound.rtol, equal_nan=True)
+
+
+def assert_close_normwise(actual: torch.Tensor, expected: torch.Tensor, *, reduction_length: int = 1) -> None:
+    """Raise ``AssertionError`` unless ``||actual - expected|| <= atol * sqrt(n) + rtol * ||expected||``.
+
+    For outputs that are sums of many terms of both signs (a weight gradient summed over rows):
+    a correct kernel that adds in another order moves an element that cancels to near zero by far
+    more than a bound relative to that element, so elementwise bounds reject correct kernels. The
+    norm of the whole error still catches a wrong column or row. The bounds are the policy's
+    (:func:`tolerance`); NaN must sit where ``expected`` has NaN, and infinities match exactly.
+    """
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        raise AssertionError(
+            f"shapes or dtypes differ: {actual.shape} {actual.dtype} vs {expected.shape} {expected.dtype}"
+        )
+    special = ~torch.isfinite(expected)
+    if not torch.equal(special, ~torch.isfinite(actual)) or not torch.equal(
+        actual[special].nan_to_num(0.0), expected[special].nan_to_num(0.0)
+    ):
+        raise AssertionError("NaN or infinite values differ from the reference")
+    bound = tolerance(expected.dtype, reduction_length)
+    a, e = actual[~special].double(), expected[~special].double()
+    error, allowed = float((a - e).norm()), bound.atol * math.sqrt(max(e.numel(), 1)) + bound.rtol * float(e.norm())
+    if error > allowed:
+        raise AssertionError(
+            f"error norm {error:.3g} exceeds {allowed:.3g} (atol * sqrt(n) + rtol * norm of the reference)"
+        )
 
 
 def assert_no_worse(actual: torch.Tensor, baseline: torch.Tensor, truth: torch.Tensor, *, factor: float = 2.0) -> None:

@@ -175,6 +175,7 @@ add_rms_norm_backward = Op(
     bucket=lambda grad, grad_s, s, weight, eps: (*_bucket(s, weight), grad_s is not None),
     # dx reduces over its row; dweight over every row.
     reduction_length=lambda grad, grad_s, s, weight, eps: int(s.numel() // max(s.shape[-1], 1)) + int(s.shape[-1]),
+    normwise_outputs=(1,),  # dweight: a sum over rows that cancels
     returns="(Tensor, Tensor)",
     make_inputs=_make_backward_inputs,
 )

@@ -275,6 +275,7 @@ layer_norm_backward = Op(
     reduction_length=lambda grad, x, normalized_shape, weight, bias, eps: (
         x.numel() // max(_n_cols(normalized_shape), 1) + _n_cols(normalized_shape)
     ),
+    normwise_outputs=(1, 2),  # dweight and dbias: sums over rows that cancel
     returns="(Tensor, Tensor, Tensor)",
     make_inputs=_make_backward_inputs,
 )

@@ -142,6 +142,7 @@ rms_norm_backward = Op(
     ),
     bucket=lambda grad, x, weight, eps: _bucket(x, weight, eps),
     reduction_length=lambda grad, x, weight, eps: int(x.numel() // max(x.shape[-1], 1)) + int(x.shape[-1]),
+    normwise_outputs=(1,),  # dweight: a sum over rows that cancels
     returns="(Tensor, Tensor)",
     make_inputs=_make_backward_inputs,
 )

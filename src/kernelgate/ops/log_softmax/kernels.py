@@ -1,0 +1,95 @@
+"""Triton kernels of log_softmax. One program per row; rows are contiguous, ``stride_*m`` apart."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _log_softmax_fwd_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
+    """y[m, :] = (x[m, :] - max) - log(sum(exp(x[m, :] - max))) for a row that fits one block.
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). BLOCK_N >= n_cols, a power of two.
+    The row is read once and written once; arithmetic in float32. The max is subtracted before the
+    log of the sum is, so rows of large magnitude (1e4) keep full precision. A row of only -inf
+    gives -inf - -inf = NaN, and +inf or NaN make the sum NaN, as in torch.
+    """
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    shifted = x - tl.max(x, axis=0)
+    y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))
+    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _log_softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
+    """Log-softmax of a row longer than one block: an online max-and-sum pass, then a writing pass.
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads the row twice, writes it once.
+    Each lane keeps a running max ``m`` and a sum ``s`` of ``exp(x - m)``, rescaled when ``m`` grows.
+    """
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride_xm
+    m = tl.full([BLOCK_N], -float("inf"), tl.float32)
+    s = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        # exp(-inf - -inf) would be NaN: -inf terms contribute 0 explicitly. A NaN input fails the
+        # == test and propagates into s, as it does in torch, whether or not max() ignored it.
+        alpha = tl.where(m == -float("inf"), 0.0, tl.exp(m - m_new))
+        s = s * alpha + tl.where(x == -float("inf"), 0.0, tl.exp(x - m_new))
+        m = m_new
+    row_max = tl.max(m, axis=0)
+    # A row of only -inf has total 0, log(total) = -inf, and y = -inf - -inf - -inf = NaN, as in torch.
+    log_total = tl.log(tl.sum(s * tl.where(m == -float("inf"), 0.0, tl.exp(m - row_max)), axis=0))
+    y_row = y_ptr + row * stride_ym
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        y = (x - row_max) - log_total
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _log_softmax_bwd_kernel(
+    dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, stride_dxm, n_cols, BLOCK_N: tl.constexpr
+):  # fmt: skip
+    """dx[m, :] = dy[m, :] - exp(y[m, :]) * sum(dy[m, :]) for a row that fits one block.
+
+    dy_ptr, y_ptr, dx_ptr: (n_rows, n_cols). Grid: (n_rows,). Arithmetic in float32.
+    """
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0).to(tl.float32)
+    total = tl.sum(dy, axis=0)
+    tl.store(dx_ptr + row * stride_dxm + cols, (dy - tl.exp(y) * total).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _log_softmax_bwd_looped_kernel(
+    dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, stride_dxm, n_cols, BLOCK_N: tl.constexpr
+):  # fmt: skip
+    """The log-softmax gradient for rows longer than one block: a pass for sum(dy), then one writing dx.
+
+    dy_ptr, y_ptr, dx_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads dy twice and y once.
+    """
+    row = tl.program_id(0)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        acc += tl.load(dy_ptr + row * stride_dym + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    total = tl.sum(acc, axis=0)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + row * stride_dxm + cols, (dy - tl.exp(y) * total).to(dx_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,223 @@
+"""Triton kernels of cross_entropy. One program per row of logits; rows are contiguous, ``stride_xm`` apart.
+
+Notation of the docstrings: ``x`` a row of logits, ``t`` its target, ``w`` the class weights (ones
+without HAS_WEIGHT), ``W = sum(w)``, ``eps`` the label smoothing, ``C = n_cols``. A row is *valid*
+when ``t`` is a class index in ``[0, C)``, *ignored* when ``t == ignore_index``, and otherwise
+*bad*: its loss and gradient are NaN and nothing is read at ``t``.
+
+The row's log-sum-exp is kept as ``m + log(s)`` (``m`` the row's maximum), and differences such as
+``m - x[t]`` are taken before ``log(s)`` is added: near the maximum they are exact, so large logits
+(``|x| ~ 1e4``) lose no precision to the rounding of ``lse``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _cross_entropy_fwd_kernel(
+    x_ptr, target_ptr, weight_ptr, loss_ptr, target_weight_ptr, stride_xm, stride_tm, n_cols, ignore_index,
+    label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, WRITE_TARGET_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """loss[m] = (1 - eps) * w[t] * (lse - x[t]) + eps / C * sum_c w[c] * (lse - x[c]), in one read of the row.
+
+    x_ptr: (n_rows, n_cols). target_ptr: (n_rows,) int64, ``stride_tm`` apart. weight_ptr: (n_cols,)
+    (read only with HAS_WEIGHT). loss_ptr: (n_rows,), the output dtype or float32. target_weight_ptr:
+    (n_rows,) float32, ``w[t]`` (0 unless valid), written only with WRITE_TARGET_WEIGHT.
+    Grid: (n_rows,). The smoothing term (only with HAS_SMOOTHING) is ``W * (lse - p) - sum(w * (x - p))``
+    with the pivot ``p = x[t]``, which takes a common offset of the logits out of the sum.
+
+    The row is streamed in blocks of BLOCK_N with an online maximum: one exp per element. An ignored
+    row's loss is 0 and a bad row's NaN; neither reads the row.
+    """
+    row = tl.program_id(0)
+    t = tl.load(target_ptr + row * stride_tm)
+    ignored = t == ignore_index
+    valid = (t != ignore_index) & (t >= 0) & (t < n_cols)
+    t_safe = tl.where(valid, t, 0)
+    x_row = x_ptr + row * stride_xm
+    x_t = tl.load(x_row + t_safe, mask=valid, other=0.0).to(tl.float32)
+    pivot = tl.where(tl.abs(x_t) < float("inf"), x_t, 0.0)  # finite: -inf and NaN would poison the sum
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of exp(x - m)
+    sum_w = tl.zeros([BLOCK_N], tl.float32)
+    sum_wx = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of w * (x - pivot)
+    for start in range(0, tl.where(valid, n_cols, 0), BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # Equal maxima (both -inf included) keep s; a NaN anywhere makes s NaN, as torch's result is.
+        s = s * tl.where(m_new == m, 1.0, tl.exp(m - m_new))
+        s += tl.exp(x - tl.where(m_new == float("-inf"), 0.0, m_new))
+        m = m_new
+        if HAS_SMOOTHING:
+            if HAS_WEIGHT:
+                w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                sum_w += w
+                sum_wx += tl.where(mask, w * (x - pivot), 0.0)
+            else:
+                sum_wx += tl.where(mask, x - pivot, 0.0)
+    log_s = tl.log(tl.sum(s, axis=0))
+    if HAS_WEIGHT:
+        w_t = tl.load(weight_ptr + t_safe, mask=valid, other=0.0).to(tl.float32)
+    else:
+        w_t = tl.where(valid, 1.0, 0.0)
+    loss = w_t * ((m - x_t) + log_s)
+    if HAS_SMOOTHING:
+        total_w = tl.sum(sum_w, axis=0) if HAS_WEIGHT else n_cols + 0.0
+        smooth = total_w * ((m - pivot) + log_s) - tl.sum(sum_wx, axis=0)
+        loss = (1.0 - label_smoothing) * loss + label_smoothing / n_cols * smooth
+    loss = tl.where(valid, loss, tl.where(ignored, 0.0, float("nan")))
+    tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
+    if WRITE_TARGET_WEIGHT:
+        tl.store(target_weight_ptr + row, w_t)
+
+
+@triton.jit
+def _cross_entropy_reduce_kernel(
+    loss_ptr, target_weight_ptr, out_ptr, n_rows, MEAN: tl.constexpr, BLOCK_M: tl.constexpr
+):
+    """out = sum(loss), divided by sum(target_weight) when MEAN (0 / 0 = NaN when no row counts).
+
+    loss_ptr, target_weight_ptr: (n_rows,) float32. out_ptr: (), the output dtype. Grid: (1,): one
+    program sums in a fixed order, so the result is deterministic.
+    """
+    total = tl.zeros([BLOCK_M], tl.float32)
+    weights = tl.zeros([BLOCK_M], tl.float32)
+    for start in range(0, n_rows, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        mask = rows < n_rows
+        total += tl.load(loss_ptr + rows, mask=mask, other=0.0)
+        if MEAN:
+            weights += tl.load(target_weight_ptr + rows, mask=mask, other=0.0)
+    result = tl.sum(total, axis=0)
+    if MEAN:
+        result = result / tl.sum(weights, axis=0)
+    tl.store(out_ptr, result.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _cross_entropy_bwd_scale_kernel(
+    grad_ptr, target_ptr, weight_ptr, scale_ptr, stride_tm, n_rows, n_cols, ignore_index,
+    HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """scale = grad / sum(w[t] over the valid rows): each row's share of the gradient of a "mean" loss.
+
+    grad_ptr: () the loss's gradient. target_ptr: (n_rows,) int64, ``stride_tm`` apart. weight_ptr:
+    (n_cols,) (read only with HAS_WEIGHT). scale_ptr: (1,) float32. Grid: (1,). The gradient is read
+    here, on the device: no synchronisation.
+    """
+    acc = tl.zeros([BLOCK_M], tl.float32)
+    for start in range(0, n_rows, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        in_rows = rows < n_rows
+        t = tl.load(target_ptr + rows * stride_tm, mask=in_rows, other=0)
+        valid = in_rows & (t != ignore_index) & (t >= 0) & (t < n_cols)
+        if HAS_WEIGHT:
+            acc += tl.load(weight_ptr + tl.where(valid, t, 0), mask=valid, other=0.0).to(tl.float32)
+        else:
+            acc += tl.where(valid, 1.0, 0.0)
+    tl.store(scale_ptr, tl.load(grad_ptr).to(tl.float32) / tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _dlogits(p, is_target, w_t, w, total_w, n_cols, label_smoothing, HAS_SMOOTHING: tl.constexpr):
+    """d loss / d x of one row per unit of its gradient: p * ((1 - eps) * w[t] + eps / C * W)
+    - (1 - eps) * w[t] * [c == t] - eps / C * w[c]; without smoothing p * w[t] - w[t] * [c == t]."""
+    if HAS_SMOOTHING:
+        on_target = (1.0 - label_smoothing) * w_t
+        spread = label_smoothing / n_cols
+        d = p * (on_target + spread * total_w) - tl.where(is_target, on_target, 0.0) - spread * w
+    else:
+        d = p * w_t - tl.where(is_target, w_t, 0.0)
+    return d
+
+
+@triton.jit
+def _cross_entropy_bwd_kernel(
+    grad_ptr, x_ptr, target_ptr, weight_ptr, dx_ptr, stride_gm, stride_xm, stride_tm, stride_dxm, n_cols,
+    ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """dx[m, :] = g[m] * _dlogits(softmax(x[m, :])) for a row that fits one block: read once, written once.
+
+    grad_ptr: (n_rows,) ``stride_gm`` apart (0 for one value shared by every row: "sum", or the
+    float32 scale of "mean"). x_ptr, dx_ptr: (n_rows, n_cols). target_ptr: (n_rows,) int64,
+    ``stride_tm`` apart. weight_ptr: (n_cols,) (read only with HAS_WEIGHT). Grid: (n_rows,).
+    BLOCK_N >= n_cols, a power of two. An ignored row is 0 * (...): 0, or NaN where its softmax is
+    NaN, as torch's; a bad row is NaN.
+    """
+    row = tl.program_id(0)
+    t = tl.load(target_ptr + row * stride_tm)
+    ignored = t == ignore_index
+    valid = (t != ignore_index) & (t >= 0) & (t < n_cols)
+    t_safe = tl.where(valid, t, 0)
+    g = tl.where(valid, tl.load(grad_ptr + row * stride_gm).to(tl.float32), 0.0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    p = e / tl.sum(e, axis=0)
+    w_t = tl.load(weight_ptr + t_safe, mask=valid, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+    if HAS_WEIGHT and HAS_SMOOTHING:
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        total_w = tl.sum(w, axis=0)
+    else:
+        w = 1.0
+        total_w = n_cols + 0.0
+    dx = g * _dlogits(p, cols == t_safe, w_t, w, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
+    dx = tl.where(valid | ignored, dx, float("nan"))
+    tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _cross_entropy_bwd_looped_kernel(
+    grad_ptr, x_ptr, target_ptr, weight_ptr, dx_ptr, stride_gm, stride_xm, stride_tm, stride_dxm, n_cols,
+    ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The gradient of a row longer than one block: a pass for the log-sum-exp, then one writing dx.
+
+    Pointers as in :func:`_cross_entropy_bwd_kernel`; grid (n_rows,). Reads the row twice (the first
+    pass asks the cache to keep it, so the second mostly hits L2 for rows of a few 10K elements) and
+    writes it once. Even an ignored row is read, so that its gradient is NaN exactly where torch's is.
+    """
+    row = tl.program_id(0)
+    t = tl.load(target_ptr + row * stride_tm)
+    ignored = t == ignore_index
+    valid = (t != ignore_index) & (t >= 0) & (t < n_cols)
+    t_safe = tl.where(valid, t, 0)
+    g = tl.where(valid, tl.load(grad_ptr + row * stride_gm).to(tl.float32), 0.0)
+    x_row = x_ptr + row * stride_xm
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_N], tl.float32)
+    sum_w = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_last").to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.where(m_new == m, 1.0, tl.exp(m - m_new))
+        s += tl.exp(x - tl.where(m_new == float("-inf"), 0.0, m_new))
+        m = m_new
+        if HAS_WEIGHT and HAS_SMOOTHING:
+            sum_w += tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    log_s = tl.log(tl.sum(s, axis=0))
+    if HAS_WEIGHT:
+        w_t = tl.load(weight_ptr + t_safe, mask=valid, other=0.0).to(tl.float32)
+        total_w = tl.sum(sum_w, axis=0)
+    else:
+        w_t = 1.0
+        total_w = n_cols + 0.0
+    dx_row = dx_ptr + row * stride_dxm
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
+        p = tl.exp((x - m) - log_s)
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT and HAS_SMOOTHING else 1.0
+        dx = g * _dlogits(p, cols == t_safe, w_t, w, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
+        dx = tl.where(valid | ignored, dx, float("nan"))
+        tl.store(dx_row + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,684 @@
+"""cross_entropy's kernels against torch.nn.functional.cross_entropy: every reduction, weights, smoothing, ignored
+rows, extreme and non-finite logits, layouts, errors, gradients, configurations, and large vocabularies on the GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernelgate
+from kernelgate.errors import InputTypeError, InputValueError
+from kernelgate.ops.cross_entropy import cross_entropy, cross_entropy_backward
+from kernelgate.selection import compare, run_candidate
+from kernelgate.tolerance import assert_close, assert_no_worse
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+REDUCTIONS = ["none", "mean", "sum"]
+SMOOTHING = [0.0, 0.1, 1.0]
+IGNORE = -100
+
+
+@pytest.fixture(autouse=True)
+def _quiet_fallbacks() -> None:
+    """Tests of the reference path fall back on purpose; the warning would only add noise."""
+    kernelgate.configure(warn_fallback=False)
+
+
+def _logits(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (3 * torch.randn(shape, generator=gen)).to(device=device, dtype=dtype)
+
+
+def _target(n_rows: int, n_classes: int, device: torch.device, ignored: tuple[int, ...] = (1,)) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    target = torch.randint(0, n_classes, (n_rows,), generator=gen)
+    for row in ignored:
+        if row < n_rows:
+            target[row] = IGNORE
+    return target.to(device)
+
+
+def _weight(n_classes: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(2)
+    return (0.25 + torch.rand(n_classes, generator=gen)).to(device=device, dtype=dtype)
+
+
+def _torch_loss(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None,
+    label_smoothing: float,
+    reduction: str,
+    ignore_index: int = IGNORE,
+) -> torch.Tensor:
+    """torch's loss on float32-upcast logits, in the logits' dtype: what a float32-accumulating kernel computes."""
+    x = logits if logits.dtype == torch.float32 else logits.float()
+    w = None if weight is None else weight.float()
+    loss = F.cross_entropy(
+        x, target, w, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction
+    )
+    return loss.to(logits.dtype)
+
+
+def _args(
+    logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, label_smoothing: float, reduction: str
+) -> tuple[object, ...]:
+    return logits, target, weight, IGNORE, label_smoothing, reduction
+
+
+def _assert_runs_triton(op: kernelgate.Op, *args: object) -> None:
+    plan = op.plan(*args)
+    assert plan.path in ("triton", "interpreter"), plan
+
+
+# --- forward ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("label_smoothing", SMOOTHING)
+@pytest.mark.parametrize("with_weight", [False, True])
+@pytest.mark.parametrize("shape", [(7, 33), (3, 2999)])
+def test_forward_matches_torch(
+    target: torch.device,
+    dtype: torch.dtype,
+    reduction: str,
+    label_smoothing: float,
+    with_weight: bool,
+    shape: tuple[int, int],
+) -> None:
+    """Every reduction, smoothing and class weighting, with an ignored row, gives torch's loss on float32 logits."""
+    logits = _logits(shape, dtype, target)
+    labels = _target(shape[0], shape[1], target)
+    weight = _weight(shape[1], target, dtype) if with_weight else None
+    args = _args(logits, labels, weight, label_smoothing, reduction)
+    _assert_runs_triton(cross_entropy, *args)
+    loss = cross_entropy(*args)
+    expected = _torch_loss(logits, labels, weight, label_smoothing, reduction)
+    assert loss.shape == expected.shape and loss.dtype == dtype
+    assert_close(loss, expected, reduction_length=cross_entropy.reduction_length(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("with_weight", "label_smoothing"), [(False, 0.0), (True, 0.1)])
+def test_long_rows_loop_over_the_vocabulary(
+    target: torch.device, dtype: torch.dtype, with_weight: bool, label_smoothing: float
+) -> None:
+    """Rows longer than one block (20011 classes) run the looped kernels; loss and gradient match torch."""
+    logits = _logits((2, 20011), dtype, target)
+    labels = _target(2, 20011, target, ignored=())
+    weight = _weight(20011, target) if with_weight else None
+    args = _args(logits, labels, weight, label_smoothing, "mean")
+    assert cross_entropy.plan(*args).name == "looped"
+    loss = cross_entropy(*args)
+    assert_close(loss, _torch_loss(logits, labels, weight, label_smoothing, "mean"), reduction_length=20013)
+    grad = torch.tensor(1.5, dtype=dtype, device=target)
+    assert cross_entropy_backward.plan(grad, *args).name == "looped"
+    _assert_no_worse_than_torch(
+        cross_entropy_backward(grad, *args), logits, labels, weight, label_smoothing, "mean", grad
+    )
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_long_rows_whose_first_blocks_are_masked(target: torch.device, label_smoothing: float) -> None:
+    """A row whose first blocks are all -inf (a masked part of the vocabulary) keeps an empty running sum until
+    its first finite logit, instead of NaN from -inf - -inf: loss and gradient match torch."""
+    logits = _logits((2, 20011), torch.float32, target)
+    logits[:, :12000] = float("-inf")
+    labels = torch.tensor([12345, 20000], device=target)
+    args = _args(logits, labels, None, label_smoothing, "none")
+    expected = F.cross_entropy(logits, labels, label_smoothing=label_smoothing, reduction="none")
+    assert_close(cross_entropy(*args), expected, reduction_length=20011)
+    grad = torch.ones(2, device=target)
+    x = logits.clone().requires_grad_()
+    torch_loss = F.cross_entropy(x, labels, label_smoothing=label_smoothing, reduction="none")
+    (torch_dx,) = torch.autograd.grad(torch_loss, x, grad)
+    assert_close(cross_entropy_backward(grad, *args), torch_dx, reduction_length=20011)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("with_weight", [False, True])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_all_targets_ignored(target: torch.device, reduction: str, with_weight: bool, label_smoothing: float) -> None:
+    """With every row ignored, "mean" is NaN (0 / 0) as in torch, "sum" 0, "none" zeros; the gradient is zero."""
+    logits = _logits((4, 37), torch.float32, target)
+    labels = torch.full((4,), IGNORE, device=target)
+    weight = _weight(37, target) if with_weight else None
+    args = _args(logits, labels, weight, label_smoothing, reduction)
+    loss = cross_entropy(*args)
+    expected = F.cross_entropy(logits, labels, weight, label_smoothing=label_smoothing, reduction=reduction)
+    assert_close(loss, expected)
+    assert bool(loss.isnan().all()) if reduction == "mean" else bool((loss == 0).all())
+    grad = torch.ones_like(loss)
+    assert bool((cross_entropy_backward(grad, *args) == 0).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("label_smoothing", SMOOTHING)
+@pytest.mark.parametrize("offset", [0.0, 1e4], ids=["spread", "offset"])
+@pytest.mark.parametrize("n_classes", [257, 20011])
+def test_extreme_logits(
+    target: torch.device, dtype: torch.dtype, label_smoothing: float, offset: float, n_classes: int
+) -> None:
+    """Logits of +-1e4 (and 1e4 plus small noise) lose no precision to the rounding of the log-sum-exp: the loss
+    per row matches torch's, and the gradient is no worse than torch's, in one block and looped."""
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(2, n_classes, generator=gen)
+    raw = offset + base if offset else 1e4 * base.sign() * torch.rand(2, n_classes, generator=gen)
+    logits = raw.to(device=target, dtype=dtype)
+    labels = torch.tensor([5, n_classes - 2], device=target)
+    args = _args(logits, labels, None, label_smoothing, "none")
+    expected = _torch_loss(logits, labels, None, label_smoothing, "none")
+    assert_close(cross_entropy(*args), expected, reduction_length=n_classes)
+    grad = torch.ones(2, dtype=dtype, device=target)
+    got = cross_entropy_backward(grad, *args)
+    _assert_no_worse_than_torch(got, logits, labels, None, label_smoothing, "none", grad)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("with_weight", [False, True])
+def test_ignore_index_inside_the_classes(target: torch.device, reduction: str, with_weight: bool) -> None:
+    """ignore_index may be a class index (0 here): its rows add nothing to the loss, the mean's divisor or the
+    gradient, as in torch."""
+    logits = _logits((6, 50), torch.float32, target).requires_grad_()
+    labels = torch.tensor([0, 3, 0, 49, 7, 0], device=target)
+    weight = _weight(50, target) if with_weight else None
+    loss = cross_entropy(logits, labels, weight, 0, 0.1, reduction)
+    x = logits.detach().clone().requires_grad_()
+    expected = F.cross_entropy(x, labels, weight, ignore_index=0, label_smoothing=0.1, reduction=reduction)
+    assert_close(loss.detach(), expected.detach(), reduction_length=56)
+    grad = torch.full(tuple(loss.shape), 0.3, device=target)
+    (dx,) = torch.autograd.grad(loss, logits, grad)
+    (torch_dx,) = torch.autograd.grad(expected, x, grad)
+    assert_close(dx, torch_dx, reduction_length=56)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("label_smoothing", SMOOTHING)
+@pytest.mark.parametrize("weight_on_masked", [None, 1.0, 0.0], ids=["no-weight", "weighted", "zero-weight"])
+def test_minus_inf_logits_match_torch(
+    target: torch.device, reduction: str, label_smoothing: float, weight_on_masked: float | None
+) -> None:
+    """-inf logits (masked classes) give torch's loss exactly: finite without smoothing, inf with it (NaN where
+    the masked class has weight 0); a -inf target logit gives inf (NaN with smoothing 1: 0 * inf, as torch)."""
+    logits = _logits((5, 40), torch.float32, target)
+    labels = _target(5, 40, target, ignored=(4,))
+    logits[0, (labels[0] + 1) % 40] = float("-inf")  # masked, not the target
+    logits[2, labels[2]] = float("-inf")  # the target itself
+    logits[4, :3] = float("-inf")  # masked, in an ignored row
+    weight = None
+    if weight_on_masked is not None:
+        weight = _weight(40, target)
+        weight[(labels[0] + 1) % 40] = weight_on_masked
+    args = _args(logits, labels, weight, label_smoothing, reduction)
+    loss = cross_entropy(*args)
+    assert_close(loss, _torch_loss(logits, labels, weight, label_smoothing, reduction), reduction_length=45)
+    grad = _logits(tuple(loss.shape), torch.float32, target, seed=4) if reduction == "none" else torch.tensor(1.0)
+    grad = grad.to(target)
+    got = cross_entropy_backward(grad, *args)
+    x = logits.clone().requires_grad_()
+    torch_loss = F.cross_entropy(
+        x, labels, weight, ignore_index=IGNORE, label_smoothing=label_smoothing, reduction=reduction
+    )
+    (expected,) = torch.autograd.grad(torch_loss, x, grad)
+    assert_close(got, expected, reduction_length=45)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_nan_propagates_as_in_torch(target: torch.device, reduction: str, label_smoothing: float) -> None:
+    """A NaN or +inf logit makes its row's loss and gradient NaN, as torch's; in an ignored row the loss stays 0
+    while the gradient row is NaN (torch's too: 0 * NaN softmax); a NaN gradient of an ignored row is dropped."""
+    logits = _logits((5, 30), torch.float32, target)
+    labels = _target(5, 30, target, ignored=(1, 3))
+    logits[0, 5] = float("nan")
+    logits[1, 7] = float("nan")  # ignored row
+    logits[2, 9] = float("inf")
+    args = _args(logits, labels, None, label_smoothing, reduction)
+    expected = F.cross_entropy(
+        logits, labels, ignore_index=IGNORE, label_smoothing=label_smoothing, reduction=reduction
+    )
+    assert_close(cross_entropy(*args), expected, reduction_length=35)
+    assert_close(cross_entropy.reference(*args), expected, reduction_length=35)
+    grad = torch.ones(()) if reduction != "none" else torch.tensor([1.0, 1.0, 1.0, float("nan"), 1.0])
+    grad = grad.to(target)
+    x = logits.clone().requires_grad_()
+    torch_loss = F.cross_entropy(x, labels, ignore_index=IGNORE, label_smoothing=label_smoothing, reduction=reduction)
+    (torch_dx,) = torch.autograd.grad(torch_loss, x, grad)
+    got = cross_entropy_backward(grad, *args)
+    assert torch.equal(got.isnan(), torch_dx.isnan())
+    assert_close(got, torch_dx, reduction_length=35)
+
+
+@pytest.mark.parametrize(
+    "make_view",
+    [
+        pytest.param(lambda base: base[:, :37], id="row-strided"),
+        pytest.param(lambda base: base.t().contiguous().t()[:, :37], id="transposed-contiguous"),
+    ],
+)
+def test_non_contiguous_inputs(target: torch.device, make_view: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Row-strided and transposed logits, a strided target and a strided weight give the contiguous result."""
+    base = _logits((9, 48), torch.bfloat16, target)
+    logits = make_view(base)
+    labels_base = _target(18, 37, target)
+    labels = labels_base[::2]
+    weight = _weight(74, target)[::2]
+    for reduction in REDUCTIONS:
+        args = _args(logits, labels, weight, 0.1, reduction)
+        contiguous = _args(logits.contiguous(), labels.contiguous(), weight.contiguous(), 0.1, reduction)
+        assert_close(cross_entropy(*args), cross_entropy.reference(*contiguous), reduction_length=46)
+        grad = torch.ones(9 if reduction == "none" else (), dtype=torch.bfloat16, device=target)
+        assert_close(
+            cross_entropy_backward(grad, *args),
+            cross_entropy_backward.reference(grad, *contiguous),
+            reduction_length=46,
+        )
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_empty_batch(reduction: str) -> None:
+    """N = 0 takes the reference (reason "empty-tensor") and gives torch's results: an empty loss for "none", 0 for
+    "sum", NaN for "mean"; an empty gradient."""
+    kernelgate.configure(tune=False, warn_fallback=True)
+    logits = torch.randn(0, 11, requires_grad=True)
+    labels = torch.zeros(0, dtype=torch.int64)
+    with kernelgate.use_interpreter(), pytest.warns(kernelgate.FallbackWarning, match="empty-tensor"):
+        loss = cross_entropy(logits, labels, None, IGNORE, 0.1, reduction)
+        (dx,) = torch.autograd.grad(loss.sum(), logits)
+    assert_close(loss.detach(), F.cross_entropy(logits, labels, label_smoothing=0.1, reduction=reduction).detach())
+    assert dx.shape == (0, 11)
+    assert {r.op for r in kernelgate.fallbacks()} == {"cross_entropy", "cross_entropy_backward"}
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_row_of_class_scores(target: torch.device, reduction: str, dtype: torch.dtype) -> None:
+    """(C,) logits with a 0-dim target, as torch accepts, give its 0-dim loss and its gradient."""
+    logits = _logits((50,), dtype, target)
+    label = torch.tensor(17, device=target)
+    args = _args(logits, label, None, 0.1, reduction)
+    _assert_runs_triton(cross_entropy, *args)
+    loss = cross_entropy(*args)
+    assert loss.shape == ()
+    assert_close(loss, _torch_loss(logits, label, None, 0.1, reduction), reduction_length=51)
+    grad = torch.tensor(0.5, dtype=dtype, device=target)
+    _assert_no_worse_than_torch(cross_entropy_backward(grad, *args), logits, label, None, 0.1, reduction, grad)
+
+
+# --- targets outside the classes ---------------------------------------------------------------
+
+
+def test_reference_raises_for_a_target_out_of_range_on_the_cpu() -> None:
+    """On CPU tensors, where the check costs no synchronisation, a class index outside [0, C) raises and says how
+    to fix it, from the forward and the backward reference."""
+    logits = torch.randn(3, 5)
+    with pytest.raises(InputValueError, match=r"holds 7 at position 2, .* \[0, 5\) nor ignore_index \(-100\)"):
+        cross_entropy(logits, torch.tensor([1, 2, 7]))
+    with pytest.raises(InputValueError, match="holds -1 at position 0"):
+        cross_entropy_backward(torch.tensor(1.0), logits, torch.tensor([-1, 2, 3]), None, IGNORE, 0.0, "mean")
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_kernels_write_nan_for_a_target_out_of_range(target: torch.device, reduction: str) -> None:
+    """The kernels never read at a bad class index and never return a number for it: the row's loss and gradient
+    are NaN ("mean" and "sum" NaN too), the other rows are exact. On the GPU the reference does the same."""
+    logits = _logits((4, 21), torch.float32, target)
+    labels = torch.tensor([3, 21, IGNORE, 5], device=target)
+    good = torch.tensor([3, IGNORE, IGNORE, 5], device=target)
+    args = _args(logits, labels, None, 0.1, reduction)
+    loss = cross_entropy(*args)
+    if reduction == "none":
+        expected = F.cross_entropy(logits, good, label_smoothing=0.1, reduction="none")
+        expected[1] = float("nan")
+    else:
+        expected = torch.tensor(float("nan"), device=target)
+    assert_close(loss, expected, reduction_length=25)
+    grad = torch.ones(tuple(loss.shape), device=target)
+    dx = cross_entropy_backward(grad, *args)
+    assert bool(dx[1].isnan().all()) and not bool(dx[[0, 2, 3]].isnan().any())
+    if target.type == "cuda":
+        assert_close(cross_entropy.reference(*args), loss, reduction_length=25)
+        assert_close(cross_entropy_backward.reference(grad, *args), dx, reduction_length=25)
+
+
+# --- the contract ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        pytest.param(
+            lambda: cross_entropy(torch.randn(3, 5), torch.rand(3, 5)),
+            InputTypeError,
+            r"class probabilities\. .*torch\.nn\.functional\.cross_entropy\(logits, target\)",
+            id="probability-target",
+        ),
+        pytest.param(
+            lambda: cross_entropy(torch.randn(3, 5), torch.tensor([1.0, 2.0, 3.0])),
+            InputTypeError,
+            r"must hold class indices of dtype int64; got float32\. Convert it first, e\.g\. target\.long\(\)",
+            id="float-target",
+        ),
+        pytest.param(
+            lambda: cross_entropy(torch.randn(3, 5), torch.tensor([1, 2, 3], dtype=torch.int32)),
+            InputTypeError,
+            r"'target' must have dtype int64.*got int32\. Convert it first, e\.g\. target\.to\(torch\.int64\)",
+            id="int32-target",
+        ),
+        pytest.param(
+            lambda: cross_entropy(torch.randn(3, 5), torch.tensor([1, 2])),
+            InputValueError,
+            r"'target' must have shape \(3,\) .*got \(2,\)\. Pass one int64 class index per row",
+            id="target-shape",
+        ),
+        pytest.param(
+            lambda: cross_entropy(torch.randn(5), torch.tensor([1])),
+            InputValueError,
+            r"'target' must have shape \(\) .*got \(1,\)",
+            id="target-shape-one-row",
+        ),
+        pytest.param(
+            lambda: cross_entropy(torch.randn(3, 5), torch.tensor([1, 2, 3]), torch.rand(4)),
+            InputValueError,
+            r"'weight' must have size 5 in dimension 0 \(= logits\.shape\[-1\]\); got 4.*Make weight\.shape\[0\]",
+            id="weight-size",
+        ),
+        pytest.param(
+            lambda: cross_entropy(torch.randn(3, 5), torch.tensor([1, 2, 3]), torch.rand(1, 5)),
+            InputValueError,
+            r"'weight' must have 1 dimension\(s\); got 2.*Reshape it",
+            id="weight-rank",
+        ),
+        pytest.param(
+            lambda: cross_entropy(torch.randn(3, 5), torch.tensor([1, 2, 3]), reduction="avg"),
+            InputValueError,
+            r"'reduction' must be 'none', 'mean' or 'sum'; got str 'avg'\. Pass one of those strings",
+            id="reduction",
+        ),
+        pytest.param(
+            lambda: cross_entropy(torch.randn(3, 5), torch.tensor([1, 2, 3]), label_smoothing=1.5),
+            InputValueError,
+            r"'label_smoothing' must be in \[0\.0, 1\.0\]; got 1\.5\. Pass a value in that range",
+            id="label-smoothing",
+        ),
+        pytest.param(
+            lambda: cross_entropy(torch.randn(2, 5, 4), torch.zeros(2, 4, dtype=torch.int64)),
+            InputValueError,
+            r"shape \(N, C\) or \(C,\); got \(2, 5, 4\)\. .*logits\.movedim\(1, -1\)\.reshape\(-1, C\)",
+            id="class-dim-1",
+        ),
+        pytest.param(
+            lambda: cross_entropy_backward(
+                torch.ones(3), torch.randn(3, 5), torch.tensor([1, 2, 3]), None, IGNORE, 0.0, "mean"
+            ),
+            InputValueError,
+            r"'grad' must have the loss's shape \(\) for reduction='mean'; got \(3,\)",
+            id="grad-shape",
+        ),
+    ],
+)
+@pytest.mark.parametrize("interpret", [False, True], ids=["reference", "interpreter"])
+def test_contract_errors_name_the_remedy(
+    call: Callable[[], object], error: type[Exception], message: str, interpret: bool
+) -> None:
+    """Inputs outside the op's contract raise a kernelgate error naming the argument and the remedy, on the
+    reference path and on the Triton path alike."""
+    kernelgate.configure(tune=False)
+    with kernelgate.use_interpreter(interpret), pytest.raises(error, match=message):
+        call()
+
+
+def test_weight_requiring_grad_is_refused_as_by_torch() -> None:
+    """A weight that requires grad is refused when autograd records the call, as torch refuses it."""
+    logits = torch.randn(3, 5, requires_grad=True)
+    with pytest.raises(InputValueError, match=r"'weight' requires grad.*Pass weight\.detach\(\)"):
+        cross_entropy(logits, torch.tensor([1, 2, 3]), torch.rand(5, requires_grad=True))
+
+
+# --- backward ----------------------------------------------------------------------------------
+
+
+def _assert_no_worse_than_torch(
+    got: torch.Tensor,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    weight: torch.Tensor | None,
+    label_smoothing: float,
+    reduction: str,
+    grad: torch.Tensor,
+) -> None:
+    """The gradient is no further from torch's float64 gradient than twice torch's own in the logits' dtype."""
+    results = []
+    for dtype in (logits.dtype, torch.float64):
+        x = logits.detach().to(dtype).requires_grad_()
+        w = None if weight is None else weight.to(dtype)
+        loss = F.cross_entropy(x, labels, w, ignore_index=IGNORE, label_smoothing=label_smoothing, reduction=reduction)
+        results.append(torch.autograd.grad(loss, x, grad.to(dtype))[0])
+    assert_no_worse(got, results[0], results[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("label_smoothing", SMOOTHING)
+@pytest.mark.parametrize("with_weight", [False, True])
+def test_gradient_matches_torch_autograd(
+    target: torch.device, dtype: torch.dtype, reduction: str, label_smoothing: float, with_weight: bool
+) -> None:
+    """Autograd through the op runs the backward kernel; its gradient is no worse than torch's against float64
+    for every reduction, smoothing and weighting, with ignored rows."""
+    logits = _logits((6, 129), dtype, target).requires_grad_()
+    labels = _target(6, 129, target, ignored=(1, 4))
+    weight = _weight(129, target, dtype) if with_weight else None
+    loss = cross_entropy(logits, labels, weight, IGNORE, label_smoothing, reduction)
+    grad = _logits(tuple(loss.shape), dtype, target, seed=5) if reduction == "none" else torch.tensor(0.7)
+    grad = grad.to(device=target, dtype=dtype)
+    _assert_runs_triton(
+        cross_entropy_backward, grad, *_args(logits.detach(), labels, weight, label_smoothing, reduction)
+    )
+    (dx,) = torch.autograd.grad(loss, logits, grad)
+    assert dx.dtype == dtype
+    assert bool((dx[[1, 4]] == 0).all())
+    _assert_no_worse_than_torch(dx, logits, labels, weight, label_smoothing, reduction, grad)
+
+
+def test_backward_reads_an_expanded_gradient() -> None:
+    """A gradient broadcast over the rows (stride 0, as loss.sum().backward() gives for "none") is read per row."""
+    kernelgate.configure(tune=False)
+    logits = _logits((5, 40), torch.float32, torch.device("cpu")).requires_grad_()
+    labels = _target(5, 40, torch.device("cpu"))
+    with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
+        cross_entropy(logits, labels, None, IGNORE, 0.0, "none").sum().backward()
+    assert logits.grad is not None
+    expected = F.softmax(logits.detach(), -1) - F.one_hot(labels.clamp_min(0), 40)
+    expected[1] = 0.0
+    assert_close(logits.grad, expected, reduction_length=40)
+
+
+def test_references_pass_float64_gradcheck() -> None:
+    """The forward reference is differentiable, and the backward reference is its gradient (fp64 gradcheck),
+    with weights, smoothing and an ignored row."""
+    logits = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([1, IGNORE, 6, 0])
+    weight = torch.rand(7, dtype=torch.float64) + 0.5
+    for reduction in REDUCTIONS:
+        assert torch.autograd.gradcheck(
+            lambda x, r=reduction: cross_entropy.reference(x, labels, weight, IGNORE, 0.2, r), (logits,)
+        )
+        grad = torch.randn(4 if reduction == "none" else (), dtype=torch.float64)
+        (autograd_dx,) = torch.autograd.grad(
+            cross_entropy.reference(logits, labels, weight, IGNORE, 0.2, reduction), logits, grad
+        )
+        explicit = cross_entropy_backward.reference(grad, logits.detach(), labels, weight, IGNORE, 0.2, reduction)
+        torch.testing.assert_close(explicit, autograd_dx)
+
+
+def test_op_passes_float64_gradcheck_and_gradgradcheck() -> None:
+    """Through its registered backward (reference path here), the op passes gradcheck and gradgradcheck."""
+    logits = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([2, IGNORE, 5])
+    assert torch.autograd.gradcheck(lambda x: cross_entropy(x, labels, None, IGNORE, 0.1, "mean"), (logits,))
+    assert torch.autograd.gradgradcheck(lambda x: cross_entropy(x, labels, None, IGNORE, 0.1, "sum"), (logits,))
+
+
+def test_saved_tensors_are_the_inputs_only() -> None:
+    """The forward saves only its inputs (logits, target, weight): no softmax, no float32 copy, no lse buffer."""
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    logits = torch.randn(4, 9, requires_grad=True)
+    labels, weight = torch.tensor([1, 2, 3, 4]), torch.rand(9)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        cross_entropy(logits, labels, weight, IGNORE, 0.1, "mean")
+    assert sorted(t.data_ptr() for t in saved) == sorted(t.data_ptr() for t in (logits, labels, weight))
+
+
+# --- torch.library and configurations ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: (torch.randn(4, 9, requires_grad=True), torch.tensor([1, 2, IGNORE, 8])), id="default"),
+        pytest.param(
+            lambda: (
+                torch.randn(4, 9, requires_grad=True),
+                torch.tensor([1, 2, IGNORE, 8]),
+                torch.rand(9),
+                IGNORE,
+                0.1,
+                "none",
+            ),
+            id="weight-smoothing-none",
+        ),
+        pytest.param(
+            lambda: (torch.randn(4, 9, requires_grad=True), torch.tensor([1, 2, 0, 8]), None, 0, 1.0, "sum"),
+            id="ignore-0-sum",
+        ),
+        pytest.param(lambda: (torch.randn(9, requires_grad=True), torch.tensor(3), None, IGNORE, 0.0, "none"), id="1d"),
+    ],
+)
+@pytest.mark.parametrize("interpret", [False, True], ids=["reference", "interpreter"])
+def test_opcheck(make: Callable[[], tuple[object, ...]], interpret: bool) -> None:
+    """torch.library.opcheck passes for torch.ops.kernelgate.cross_entropy: schema, fake tensors, autograd, AOT."""
+    kernelgate.configure(tune=False)
+    args = make()
+    full = (*args, None, IGNORE, 0.0, "mean")[:6] if len(args) == 2 else args
+    with kernelgate.use_interpreter(interpret):
+        torch.library.opcheck(torch.ops.kernelgate.cross_entropy.default, full)
+        grad = torch.ones(tuple(cross_entropy(*full).shape))
+        torch.library.opcheck(torch.ops.kernelgate.cross_entropy_backward.default, (grad, full[0].detach(), *full[1:]))
+
+
+CONFIG_CASES = [
+    ((5, 100), None, 0.0, "mean"),
+    ((5, 100), "weight", 0.1, "none"),
+    ((2, 20000), None, 0.1, "sum"),
+    ((2, 20000), "weight", 0.1, "mean"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("shape", "weighted", "label_smoothing", "reduction"), CONFIG_CASES)
+@pytest.mark.parametrize("op_name", ["cross_entropy", "cross_entropy_backward"])
+def test_every_config_matches_the_reference(
+    target: torch.device,
+    op_name: str,
+    shape: tuple[int, int],
+    weighted: str | None,
+    label_smoothing: float,
+    reduction: str,
+    dtype: torch.dtype,
+) -> None:
+    """Each implementation that accepts the shape gives the reference's result under every configuration it keeps,
+    into NaN-filled outputs."""
+    op = cross_entropy if op_name == "cross_entropy" else cross_entropy_backward
+    logits = _logits(shape, dtype, target)
+    args: tuple[object, ...] = (
+        logits, _target(*shape, target), _weight(shape[1], target) if weighted else None, IGNORE, label_smoothing,
+        reduction,
+    )  # fmt: skip
+    if op is cross_entropy_backward:
+        grad_shape = shape[:1] if reduction == "none" else ()
+        args = (_logits(grad_shape, dtype, target, seed=6), *args)
+    expected = op.reference(*args)
+    interpret = target.type == "cpu"
+    ran = 0
+    for impl in op.implementations:
+        if impl.supports is not None and impl.supports(*args) is not None:
+            continue
+        configs = impl.candidate_configs(args)
+        if interpret:  # the interpreter ignores num_warps: one run per block size
+            configs = list(
+                {tuple(sorted((k, v) for k, v in (c or {}).items() if k != "num_warps")): c for c in configs}.values()
+            )
+        for config in configs:
+            result = run_candidate(impl, config, args, interpret, poison=True)
+            assert compare(result, expected, op.reduction_length(*args)) is None, (impl.name, config)
+            ran += 1
+    assert ran >= 1
+
+
+# --- the GPU: vocabularies of 32K to 256K ------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8192, 32000), (4096, 128256), (2048, 256000)])
+def test_large_vocabularies_on_the_gpu(shape: tuple[int, int]) -> None:
+    """bfloat16 logits of LLM vocabularies: forward and backward kernels match the references (float32 math)."""
+    kernelgate.configure(tune=False)
+    device = torch.device("cuda")
+    logits = _logits(shape, torch.bfloat16, device)
+    labels = _target(shape[0], shape[1], device, ignored=tuple(range(0, shape[0], 9)))
+    with kernelgate.use_mode("triton"):
+        args = _args(logits, labels, None, 0.0, "mean")
+        assert cross_entropy.plan(*args).name == "looped"
+        loss = cross_entropy(*args)
+        grad = torch.tensor(1.0, dtype=torch.bfloat16, device=device)
+        dx = cross_entropy_backward(grad, *args)
+        smoothed = cross_entropy(*_args(logits, labels, None, 0.1, "none"))
+    assert_close(loss, cross_entropy.reference(*args), reduction_length=cross_entropy.reduction_length(*args))
+    assert_close(dx, cross_entropy_backward.reference(grad, *args), reduction_length=shape[1] + shape[0])
+    assert_close(
+        smoothed, cross_entropy.reference(*_args(logits, labels, None, 0.1, "none")), reduction_length=shape[1]
+    )
+
+
+@pytest.mark.gpu
+def test_forward_allocates_no_float32_copy_of_the_logits() -> None:
+    """The forward's peak extra memory is per-row scratch, far below a float32 copy of the logits (N * C * 4 bytes)."""
+    kernelgate.configure(tune=False)
+    n_rows, n_classes = 4096, 128256
+    logits = _logits((n_rows, n_classes), torch.bfloat16, torch.device("cuda"))
+    labels = _target(n_rows, n_classes, torch.device("cuda"))
+    with kernelgate.use_mode("triton"):
+        cross_entropy(logits, labels)  # compile first
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        loss = cross_entropy(logits, labels)
+        torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra < n_rows * n_classes * 4 // 100, extra  # in fact 2 * N float32 and the result
+    assert bool(loss.isfinite())
+
+
+@pytest.mark.gpu
+def test_out_of_range_target_on_the_gpu_gives_nan_without_a_device_assert() -> None:
+    """On the GPU, kernel and reference agree: a bad class index makes its row NaN, nothing asserts or syncs."""
+    device = torch.device("cuda")
+    logits = _logits((4, 1000), torch.float32, device)
+    labels = torch.tensor([3, 5000, -7, IGNORE], device=device)
+    kernelgate.configure(tune=False)
+    with kernelgate.use_mode("triton"):
+        loss = cross_entropy(logits, labels, None, IGNORE, 0.0, "none")
+    reference = cross_entropy.reference(logits, labels, None, IGNORE, 0.0, "none")
+    torch.cuda.synchronize()
+    assert_close(loss, reference, reduction_length=1000)
+    assert loss[1:3].isnan().all() and loss[3] == 0

@@ -153,6 +153,23 @@ def test_nn_modules_are_drop_in() -> None:
     assert_close(kernelgate.nn.Softmax(dim=0)(x), torch.nn.Softmax(dim=0)(x), reduction_length=3)
     two_d = kernelgate.nn.RMSNorm((4, 4))
     assert_close(two_d(x.view(3, 4, 4)), torch.nn.RMSNorm((4, 4))(x.view(3, 4, 4)), reduction_length=16)
+    assert_close(kernelgate.nn.LogSoftmax(dim=0)(x), torch.nn.LogSoftmax(dim=0)(x), reduction_length=3)
+    for kwargs in ({}, {"elementwise_affine": False}, {"bias": False}):
+        torch_ln = torch.nn.LayerNorm(16, eps=1e-5, **kwargs)  # type: ignore[arg-type]
+        if torch_ln.weight is not None:
+            with torch.no_grad():
+                torch_ln.weight.uniform_(0.5, 1.5)
+        ln = kernelgate.nn.LayerNorm(16, eps=1e-5, **kwargs)  # type: ignore[arg-type]
+        ln.load_state_dict(torch_ln.state_dict())
+        assert isinstance(ln, torch.nn.LayerNorm)
+        assert_close(ln(x), torch_ln(x), reduction_length=16)
+    weight = torch.rand(16) + 0.5
+    torch_ce = torch.nn.CrossEntropyLoss(weight=weight, ignore_index=2, label_smoothing=0.1)
+    ce = kernelgate.nn.CrossEntropyLoss(weight=torch.ones(16), ignore_index=2, label_smoothing=0.1)
+    ce.load_state_dict(torch_ce.state_dict())
+    target = torch.tensor([2, 5, 15])
+    assert isinstance(ce, torch.nn.CrossEntropyLoss)
+    assert_close(ce(x, target), torch_ce(x, target), reduction_length=16)
 
 
 class _Block(torch.nn.Module):
@@ -251,3 +268,15 @@ def test_backward_runs_in_the_modes_of_the_forward_call() -> None:
     y2 = kernelgate.softmax(x, -1)
     torch.autograd.grad(y2, x, torch.ones_like(y2))
     assert [r.op for r in kernelgate.fallbacks()] == ["softmax", "softmax_backward"]
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_compiled_softmax_along_a_leading_dim_has_the_planned_layout(name: str) -> None:
+    """Along a dim other than the last the result is contiguous, as the fake tensor torch.compile plans with."""
+    op = kernelgate.get_op(name)
+    x = torch.randn(6, 40)
+    with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
+        eager = op(x, 0)
+        compiled = torch.compile(lambda t: op(t, 0) * 2, fullgraph=True)(x)
+    assert eager.is_contiguous()
+    assert_close(compiled, 2 * op.reference(x, 0), reduction_length=6)

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from kernelgate.ops.cross_entropy import cross_entropy
 from kernelgate.ops.layer_norm import layer_norm
+from kernelgate.ops.log_softmax import log_softmax
 from kernelgate.ops.rms_norm import rms_norm
 from kernelgate.ops.softmax import softmax
 
-__all__ = ["LayerNorm", "RMSNorm", "Softmax"]
+__all__ = ["CrossEntropyLoss", "LayerNorm", "LogSoftmax", "RMSNorm", "Softmax"]
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -49,4 +51,27 @@ class Softmax(torch.nn.Softmax):
         if self.dim is None:
             return super().forward(x)
         result: torch.Tensor = softmax(x, self.dim)
+        return result
+
+
+class LogSoftmax(torch.nn.LogSoftmax):
+    """:class:`torch.nn.LogSoftmax` computed by :func:`kernelgate.log_softmax` (``dim=None`` keeps torch's rule)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dim is None:
+            return super().forward(x)
+        result: torch.Tensor = log_softmax(x, self.dim)
+        return result
+
+
+class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
+    """:class:`torch.nn.CrossEntropyLoss` computed by :func:`kernelgate.cross_entropy` for ``(N, C)`` or ``(C,)``
+    logits and int64 class indices; K-dimensional inputs and class-probability targets run torch's forward."""
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if input.dim() not in (1, 2) or target.dtype != torch.int64 or target.dim() != input.dim() - 1:
+            return super().forward(input, target)
+        result: torch.Tensor = cross_entropy(
+            input, target, self.weight, self.ignore_index, self.label_smoothing, self.reduction
+        )
         return result

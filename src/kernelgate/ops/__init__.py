@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from kernelgate.op import Op
 from kernelgate.ops.add_rms_norm import add_rms_norm, add_rms_norm_backward
+from kernelgate.ops.cross_entropy import cross_entropy, cross_entropy_backward
+from kernelgate.ops.glu import geglu, geglu_backward, swiglu, swiglu_backward
 from kernelgate.ops.layer_norm import layer_norm, layer_norm_backward
+from kernelgate.ops.log_softmax import log_softmax, log_softmax_backward
 from kernelgate.ops.rms_norm import rms_norm, rms_norm_backward
 from kernelgate.ops.rotary import rotary_embedding
 from kernelgate.ops.softmax import softmax, softmax_backward
@@ -13,13 +16,21 @@ __all__ = [
     "BUILTIN_OPS",
     "add_rms_norm",
     "add_rms_norm_backward",
+    "cross_entropy",
+    "cross_entropy_backward",
+    "geglu",
+    "geglu_backward",
     "layer_norm",
     "layer_norm_backward",
+    "log_softmax",
+    "log_softmax_backward",
     "rms_norm",
     "rms_norm_backward",
     "rotary_embedding",
     "softmax",
     "softmax_backward",
+    "swiglu",
+    "swiglu_backward",
 ]
 
 BUILTIN_OPS: tuple[Op, ...] = (
@@ -31,5 +42,13 @@ BUILTIN_OPS: tuple[Op, ...] = (
     add_rms_norm_backward,
     layer_norm,
     layer_norm_backward,
+    log_softmax,
+    log_softmax_backward,
+    swiglu,
+    swiglu_backward,
+    geglu,
+    geglu_backward,
+    cross_entropy,
+    cross_entropy_backward,
     rotary_embedding,
 )

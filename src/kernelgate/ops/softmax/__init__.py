@@ -37,7 +37,8 @@ def _run_rows(x: torch.Tensor, dim: int, kernel: LazyKernel, block: int, num_war
         kernel, (rows.n_rows,), rows.tensor, y, rows.stride, rows.n_cols, rows.n_cols,
         BLOCK_N=block, num_warps=num_warps,
     )  # fmt: skip
-    return y if last else y.movedim(-1, dim)
+    # Contiguous in x's layout, as the reference's result (the fake tensor torch.compile plans with).
+    return y if last else y.movedim(-1, dim).contiguous()
 
 
 def _launch_single_block(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
@@ -81,7 +82,7 @@ def _run_backward_rows(
         kernel, (y_rows.n_rows,), g_rows.tensor, y_rows.tensor, dx, g_rows.stride, y_rows.stride, y_rows.n_cols,
         y_rows.n_cols, BLOCK_N=block, num_warps=num_warps,
     )  # fmt: skip
-    return dx if last else dx.movedim(-1, dim)
+    return dx if last else dx.movedim(-1, dim).contiguous()
 
 
 def _launch_backward_single_block(

@@ -32,7 +32,9 @@ def _peak_mib(
 ) -> float:
     grad = torch.randn_like(x)
     inputs = [t for t in (x, w) if t is not None]
-    fn(x, w)  # warm-up: compilation and tuning allocate too, and are not what is measured
+    # Warm-up of forward and backward: compilation and tuning (of the backward ops too) allocate,
+    # and are not what is measured.
+    torch.autograd.grad(fn(x, w), inputs, grad)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()

@@ -167,3 +167,13 @@ def test_large_shapes_compiled(dtype: torch.dtype, shape: tuple[int, int]) -> No
         assert_close(kernelgate.softmax(x), torch.softmax(x, -1), reduction_length=shape[-1])
         expected = torch.nn.functional.rms_norm(x, shape[-1:], w, 1e-6)
         assert_close(kernelgate.rms_norm(x, w), expected, reduction_length=shape[-1])
+
+
+@pytest.mark.parametrize("n", [7, 16411])
+def test_rms_norm_of_a_row_with_inf(target: torch.device, n: int) -> None:
+    """A row holding inf has an infinite mean square: as in torch, its finite entries give 0 and inf gives NaN."""
+    x = _randn((3, n), torch.float32, target)
+    x[1, 2] = float("inf")
+    x[2, 0] = float("nan")
+    y = kernelgate.rms_norm(x, None, 1e-6)
+    assert_close(y, torch.nn.functional.rms_norm(x, (n,), None, 1e-6), reduction_length=n)

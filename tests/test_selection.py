@@ -761,3 +761,16 @@ def test_summed_outputs_are_gated_by_the_error_norm() -> None:
     nan[3] = float("nan")
     assert compare(nan, expected, 512 + 256, normwise=(0,)) is not None
     assert rms_norm_backward.normwise_outputs == (1,)
+
+
+def test_the_absolute_bound_scales_with_the_largest_expected_value() -> None:
+    """Near zero, the bound is ATOL times the tensor's largest magnitude: a result that cancels carries
+    the error of its terms. A real error at that place still fails, and tensors within [-1, 1] keep ATOL."""
+    from kernelgate.tolerance import assert_close
+
+    expected = torch.tensor([30.0, 1e-7, -12.0])
+    assert_close(torch.tensor([30.0, 2e-6, -12.0]), expected)
+    with pytest.raises(AssertionError):
+        assert_close(torch.tensor([30.0, 1e-4, -12.0]), expected)
+    with pytest.raises(AssertionError):
+        assert_close(torch.tensor([0.5, 2e-6]), torch.tensor([0.5, 1e-7]))

@@ -23,7 +23,7 @@ import torch
 
 from kernelgate.config import Config, config_label
 from kernelgate.launch import Unsupported, call_state
-from kernelgate.tolerance import assert_close, assert_close_normwise, tolerance
+from kernelgate.tolerance import assert_close, assert_close_normwise, magnitude, tolerance
 
 if TYPE_CHECKING:
     from kernelgate.op import Op, TritonImpl
@@ -107,7 +107,7 @@ def _describe(actual: torch.Tensor, expected: torch.Tensor, output: int) -> Mism
     tol = torch.zeros_like(diff)
     bound = tolerance(expected.dtype) if expected.dtype.is_floating_point else None
     if bound is not None:
-        tol = bound.atol + bound.rtol * e.abs()
+        tol = bound.atol * magnitude(expected) + bound.rtol * e.abs()
     bad = (diff > tol) | bad_nan
     first = tuple(int(i) for i in bad.nonzero()[0].tolist()) if bool(bad.any()) else None
     return Mismatch(float(diff.max()) if diff.numel() else 0.0, float(rel.max()) if rel.numel() else 0.0, first, output)

@@ -8,7 +8,10 @@ with its square root:
     rtol = RTOL[dtype] + ACCUMULATION_RTOL * sqrt(reduction_length)
 
 ``RTOL`` is two units in the last place of the dtype (one rounding in each of the two results
-compared); ``ATOL`` covers results near zero. An override must carry a written reason.
+compared); ``ATOL`` covers results near zero, and scales with the largest magnitude in the expected
+tensor (when above 1): a result that cancels to near zero, as ``xhat * w + b`` or
+``g - p * sum(g)`` can, carries the rounding error of its terms, which are as large as the tensor's
+values, not of the small result. An override must carry a written reason.
 
 Where the result suffers cancellation (gradients such as ``y * (dy - sum(dy * y))`` in bfloat16),
 no elementwise bound fits both sides; :func:`assert_no_worse` then asks instead that the error
@@ -25,7 +28,7 @@ import math
 
 import torch
 
-__all__ = ["Tolerance", "assert_close", "assert_close_normwise", "assert_no_worse", "tolerance"]
+__all__ = ["Tolerance", "assert_close", "assert_close_normwise", "assert_no_worse", "magnitude", "tolerance"]
 
 # Two units in the last place: eps is one ulp at 1.0; each side may be rounded once.
 RTOL: dict[torch.dtype, float] = {
@@ -76,7 +79,16 @@ def assert_close(
     if override is not None and not override.reason:
         raise ValueError("a tolerance override must carry a reason (Tolerance(..., reason='why')).")
     bound = override or tolerance(expected.dtype, reduction_length)
-    torch.testing.assert_close(actual, expected, atol=bound.atol, rtol=bound.rtol, equal_nan=True)
+    atol = bound.atol if override is not None else bound.atol * magnitude(expected)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=bound.rtol, equal_nan=True)
+
+
+def magnitude(expected: torch.Tensor) -> float:
+    """The scale of ``ATOL`` for ``expected``: its largest finite magnitude, at least 1."""
+    if not expected.dtype.is_floating_point or expected.numel() == 0:
+        return 1.0
+    finite = expected[torch.isfinite(expected)]
+    return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
 
 
 def assert_close_normwise(actual: torch.Tensor, expected: torch.Tensor, *, reduction_length: int = 1) -> None:

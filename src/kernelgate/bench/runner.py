@@ -371,7 +371,8 @@ class _Runner:
         self._backend_name = (
             repr(compile_backend) if isinstance(compile_backend, str) else getattr(compile_backend, "__name__", "?")
         )
-        self.liger_version = provenance.liger_version if liger else ""
+        # Liger-Kernel launches compiled Triton kernels: it runs on GPUs only.
+        self.liger_version = provenance.liger_version if liger and device.type == "cuda" else ""
         self.interpret = interpret
 
     def op_rows(

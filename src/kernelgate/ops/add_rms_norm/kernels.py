@@ -39,7 +39,7 @@ def _add_rms_norm_fwd_kernel(
     s = (x + r).to(s_ptr.dtype.element_ty)
     tl.store(s_ptr + row * stride_sm + cols, s, mask=mask)
     s = s.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / n_cols + eps)
+    rstd = tl.rsqrt(tl.sum(s * s, axis=0) / n_cols + eps)
     y = s * rstd
     if HAS_WEIGHT:
         y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -80,7 +80,7 @@ def _add_rms_norm_fwd_looped_kernel(
         tl.store(s_row + cols, s, mask=mask)
         s = s.to(tl.float32)
         acc += s * s
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
     # The second pass reads s as other threads of this program stored it.
     tl.debug_barrier()
     y_row = y_ptr + row * stride_ym
@@ -132,7 +132,7 @@ def _add_rms_norm_bwd_kernel(
     for row in range(first, last):
         s = tl.load(s_ptr + row * stride_sm + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / n_cols + eps)
+        rstd = tl.rsqrt(tl.sum(s * s, axis=0) / n_cols + eps)
         shat = s * rstd
         g = dy * w if HAS_WEIGHT else dy
         dx = (g - shat * (tl.sum(g * shat, axis=0) / n_cols)) * rstd
@@ -189,7 +189,7 @@ def _add_rms_norm_bwd_looped_kernel(
                 g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             sum_ss += s * s
             sum_gs += g * s
-        rstd = 1.0 / tl.sqrt(tl.sum(sum_ss, axis=0) / n_cols + eps)
+        rstd = tl.rsqrt(tl.sum(sum_ss, axis=0) / n_cols + eps)
         tl.store(stats_ptr + 2 * row, rstd)
         tl.store(stats_ptr + 2 * row + 1, tl.sum(sum_gs, axis=0) * rstd / n_cols)
     # Every thread of the program reads the statistics stored above.

@@ -42,7 +42,7 @@ def _layer_norm_fwd_kernel(
     d = tl.where(mask, x - tl.sum(x, axis=0) / n_cols, 0.0)
     shift = tl.sum(d, axis=0) / n_cols
     var = tl.maximum(tl.sum(d * d, axis=0) / n_cols - shift * shift, 0.0)
-    y = (d - shift) * (1.0 / tl.sqrt(var + eps))
+    y = (d - shift) * tl.rsqrt(var + eps)
     if HAS_WEIGHT:
         y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
@@ -96,7 +96,7 @@ def _layer_norm_fwd_looped_kernel(
     dev = tl.where(count > 0, mean - m0, 0.0)
     shift = tl.sum(count * dev, axis=0) / n_cols
     var = (tl.sum(m2, axis=0) + tl.sum(count * dev * dev, axis=0)) / n_cols - shift * shift
-    rstd = 1.0 / tl.sqrt(tl.maximum(var, 0.0) + eps)
+    rstd = tl.rsqrt(tl.maximum(var, 0.0) + eps)
     centre = m0 + shift  # mean(x) - k
     y_row = y_ptr + row * stride_ym
     n_blocks = tl.cdiv(n_cols, BLOCK_N)
@@ -155,7 +155,7 @@ def _layer_norm_bwd_kernel(
         d = tl.where(mask, x - tl.sum(x, axis=0) / n_cols, 0.0)
         shift = tl.sum(d, axis=0) / n_cols
         var = tl.maximum(tl.sum(d * d, axis=0) / n_cols - shift * shift, 0.0)
-        rstd = 1.0 / tl.sqrt(var + eps)
+        rstd = tl.rsqrt(var + eps)
         xhat = tl.where(mask, (d - shift) * rstd, 0.0)
         g = dy * w if HAS_WEIGHT else dy
         mean_g = tl.sum(g, axis=0) / n_cols
@@ -247,7 +247,7 @@ def _layer_norm_bwd_looped_kernel(
         shift_g = tl.sum(count * dev_g, axis=0) / n_cols
         var = (tl.sum(m2, axis=0) + tl.sum(count * dev_x * dev_x, axis=0)) / n_cols - shift * shift
         cov = (tl.sum(co, axis=0) + tl.sum(count * dev_x * dev_g, axis=0)) / n_cols - shift * shift_g
-        rstd = 1.0 / tl.sqrt(tl.maximum(var, 0.0) + eps)
+        rstd = tl.rsqrt(tl.maximum(var, 0.0) + eps)
         tl.store(stats_ptr + 5 * row, k_x)
         tl.store(stats_ptr + 5 * row + 1, m0 + shift)
         tl.store(stats_ptr + 5 * row + 2, rstd)

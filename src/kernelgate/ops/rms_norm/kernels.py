@@ -22,7 +22,7 @@ def _rms_norm_fwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     y = x * rstd
     if HAS_WEIGHT:
         y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -44,7 +44,7 @@ def _rms_norm_fwd_looped_kernel(
         cols = start + tl.arange(0, BLOCK_N)
         x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         acc += x * x
-    rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / n_cols + eps)
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
     y_row = y_ptr + row * stride_ym
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
@@ -90,7 +90,7 @@ def _rms_norm_bwd_kernel(
     for row in range(first, last):
         x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
         xhat = x * rstd
         g = dy * w if HAS_WEIGHT else dy
         dx = (g - xhat * (tl.sum(g * xhat, axis=0) / n_cols)) * rstd
@@ -143,7 +143,7 @@ def _rms_norm_bwd_looped_kernel(
                 g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             sum_xx += x * x
             sum_gx += g * x
-        rstd = 1.0 / tl.sqrt(tl.sum(sum_xx, axis=0) / n_cols + eps)
+        rstd = tl.rsqrt(tl.sum(sum_xx, axis=0) / n_cols + eps)
         tl.store(stats_ptr + 2 * row, rstd)
         tl.store(stats_ptr + 2 * row + 1, tl.sum(sum_gx, axis=0) * rstd / n_cols)
     # Every thread of the program reads the statistics stored above.

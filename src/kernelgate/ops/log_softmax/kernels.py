@@ -37,7 +37,7 @@ def _log_softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, B
     s = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy="evict_last").to(tl.float32)
         m_new = tl.maximum(m, x)
         # exp(-inf - -inf) would be NaN: -inf terms contribute 0 explicitly. A NaN input fails the
         # == test and propagates into s, as it does in torch, whether or not max() ignored it.
@@ -51,7 +51,7 @@ def _log_softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, B
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
         y = (x - row_max) - log_total
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -85,11 +85,15 @@ def _log_softmax_bwd_looped_kernel(
     acc = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        acc += tl.load(dy_ptr + row * stride_dym + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        acc += tl.load(
+            dy_ptr + row * stride_dym + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last"
+        ).to(tl.float32)
     total = tl.sum(acc, axis=0)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(
+            tl.float32
+        )
+        y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         tl.store(dx_ptr + row * stride_dxm + cols, (dy - tl.exp(y) * total).to(dx_ptr.dtype.element_ty), mask=mask)

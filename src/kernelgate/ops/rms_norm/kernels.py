@@ -42,16 +42,16 @@ def _rms_norm_fwd_looped_kernel(
     acc = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last").to(tl.float32)
         acc += x * x
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
     y_row = y_ptr + row * stride_ym
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        y = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32) * rstd
+        y = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32) * rstd
         if HAS_WEIGHT:
-            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 

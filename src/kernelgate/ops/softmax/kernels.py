@@ -35,7 +35,7 @@ def _softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK
     s = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy="evict_last").to(tl.float32)
         m_new = tl.maximum(m, x)
         # exp(-inf - -inf) would be NaN: -inf terms contribute 0 explicitly. A NaN input fails the
         # == test and propagates into s, as it does in torch, whether or not max() ignored it.
@@ -48,7 +48,7 @@ def _softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
         y = tl.exp(x - row_max) / total
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -79,13 +79,17 @@ def _softmax_bwd_looped_kernel(dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, str
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(
+            tl.float32
+        )
+        y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         acc += dy * y
     dot = tl.sum(acc, axis=0)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(
+            tl.float32
+        )
+        y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         tl.store(dx_ptr + row * stride_dxm + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)

@@ -51,6 +51,7 @@ class Reason(str, enum.Enum):
     REFERENCE_FASTER = "reference-faster"
     MODE_REFERENCE = "mode-reference"
     GATE_FAILED = "gate-failed"
+    NON_FINITE = "non-finite-inputs"
     DEMOTED = "demoted"
     NO_IMPLEMENTATION = "no-implementation"
     TRITON_MISSING = "triton-missing"

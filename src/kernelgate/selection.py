@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kernelgate.config import Config, config_label
+from kernelgate.dispatch import Reason
 from kernelgate.launch import Unsupported, call_state
 from kernelgate.tolerance import assert_close, assert_close_normwise, magnitude, tolerance
 
@@ -113,6 +114,13 @@ def _describe(actual: torch.Tensor, expected: torch.Tensor, output: int) -> Mism
     return Mismatch(float(diff.max()) if diff.numel() else 0.0, float(rel.max()) if rel.numel() else 0.0, first, output)
 
 
+def _non_finite(values: Sequence[Any]) -> bool:
+    """Whether a floating-point tensor among ``values`` holds inf or NaN (synchronises; tuning only)."""
+    return any(
+        isinstance(v, torch.Tensor) and v.dtype.is_floating_point and not bool(torch.isfinite(v).all()) for v in values
+    )
+
+
 def clone_args(values: Sequence[Any], mutated: Sequence[int]) -> tuple[Any, ...]:
     """``values`` with each mutated tensor replaced by a copy of the same size and strides."""
     if not mutated:
@@ -201,6 +209,15 @@ def tune(
             results.append(CandidateResult(impl.name, config, "pass", elapsed))
     if unsupported is not None and not any(r.verdict == "pass" for r in results):
         raise unsupported  # a limit of these exact inputs (not of the bucket): nothing is cached
+    if not any(r.verdict == "pass" for r in results) and _non_finite(values):
+        # Where inputs hold inf or NaN, a correct kernel and the reference may differ (torch's own
+        # kernels differ by device there): the bucket is not condemned on such inputs.
+        raise Unsupported(
+            Reason.NON_FINITE,
+            "no Triton candidate matched the reference on inputs holding inf or NaN; the decision cache is "
+            "not written, so a later process tunes the bucket again (this one keeps the reference for these "
+            "call signatures)",
+        )
     ref_args = clone_args(values, op.mutated_positions)
     reference_us = time_us(lambda: op.reference(*ref_args), device)
     passing = sorted((r for r in results if r.verdict == "pass"), key=lambda r: r.time_us or 0.0)

@@ -25,7 +25,7 @@ from kernelgate.errors import DeclarationError
 if TYPE_CHECKING:
     from kernelgate.op import Op
 
-__all__ = ["NAMESPACE", "Backward", "register"]
+__all__ = ["NAMESPACE", "Backward", "autograd_function", "register"]
 
 NAMESPACE = "kernelgate"
 _library = torch.library.Library(NAMESPACE, "FRAGMENT")  # type: ignore[no-untyped-call]
@@ -109,6 +109,25 @@ def register(op: Op, returns: str) -> Any:
         torch.library.register_fake(qualname, fake, lib=_library)
         torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=_library)
     return getattr(torch.ops.kernelgate, op.name).default
+
+
+def autograd_function(op: Op) -> Any:
+    """A ``torch.autograd.Function`` running ``op`` with the operator's save and backward.
+
+    Eager calls that need autograd use it instead of the operator: the same semantics (what is
+    saved, version counters, the backward and its modes) without the dispatcher round trip.
+    """
+
+    def forward(ctx: Any, *args: Any) -> Any:
+        output = op._call_untraced(args)
+        _setup(op, ctx, args, output)
+        return output
+
+    def backward(ctx: Any, *grad_outputs: Any) -> Any:
+        return _backward(op, ctx, grad_outputs)
+
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return type(f"KernelgateFunction_{op.name}", (torch.autograd.Function,), methods)
 
 
 def _setup(op: Op, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

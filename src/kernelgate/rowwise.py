@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from kernelgate.bucket import aligned16, pow2
 from kernelgate.config import Config, ConfigSpace
-from kernelgate.launch import LazyKernel, next_power_of_2, num_warps_for
+from kernelgate.launch import LazyKernel, as_rows, empty, launch, next_power_of_2, num_warps_for
 from kernelgate.op import TritonImpl
 
 __all__ = [
@@ -23,6 +25,10 @@ __all__ = [
     "LOOPED_DEFAULT",
     "MAX_SINGLE_BLOCK",
     "SINGLE_BLOCK_CONFIGS",
+    "along_dim_backward_impls",
+    "along_dim_bucket",
+    "along_dim_impls",
+    "along_dim_length",
     "fits_one_block",
     "looped_impl",
     "per_thread_ok",
@@ -103,3 +109,79 @@ def looped_impl(launcher: Callable[..., Any], kernel: LazyKernel, n_cols: Callab
         default_config=LOOPED_DEFAULT,
         prune=lambda config, *args: prune_looped(config, n_cols(*args)),
     )
+
+
+# --- ops along one dimension: (x, dim) forward, (grad, y, dim) backward --------------------------
+# softmax and log_softmax: the kernels take (x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N)
+# and (dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, stride_dxm, n_cols, BLOCK_N).
+
+
+def along_dim_length(x: torch.Tensor, dim: int) -> int:
+    """The length of the rows of ``x`` along ``dim`` (1 for a 0-dim tensor)."""
+    return x.shape[dim] if x.dim() else 1
+
+
+def along_dim_bucket(x: torch.Tensor, dim: int) -> tuple[int, int, bool]:
+    """:func:`row_bucket` of ``x`` taken as rows along ``dim``."""
+    n = along_dim_length(x, dim)
+    return row_bucket(x.numel() // max(n, 1), n)
+
+
+def _is_last(x: torch.Tensor, dim: int) -> bool:
+    return x.dim() == 0 or dim in (-1, x.dim() - 1)
+
+
+def _run_along(x: torch.Tensor, dim: int, kernel: LazyKernel, block: int, num_warps: int) -> torch.Tensor:
+    last = _is_last(x, dim)
+    moved = x if last else x.movedim(dim, -1)
+    rows = as_rows(moved, "x")
+    y = empty(moved.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
+    launch(
+        kernel, (rows.n_rows,), rows.tensor, y, rows.stride, rows.n_cols, rows.n_cols,
+        BLOCK_N=block, num_warps=num_warps,
+    )  # fmt: skip
+    # Contiguous, as torch's result and the fake tensor torch.compile plans with.
+    return y if last else y.movedim(-1, dim).contiguous()
+
+
+def _run_backward_along(
+    grad: torch.Tensor, y: torch.Tensor, dim: int, kernel: LazyKernel, block: int, num_warps: int
+) -> torch.Tensor:
+    last = _is_last(y, dim)
+    moved_g, moved_y = (grad, y) if last else (grad.movedim(dim, -1), y.movedim(dim, -1))
+    g_rows, y_rows = as_rows(moved_g, "grad"), as_rows(moved_y, "y")
+    dx = empty(moved_y.shape, dtype=grad.dtype, device=grad.device)
+    launch(
+        kernel, (y_rows.n_rows,), g_rows.tensor, y_rows.tensor, dx, g_rows.stride, y_rows.stride, y_rows.n_cols,
+        y_rows.n_cols, BLOCK_N=block, num_warps=num_warps,
+    )  # fmt: skip
+    return dx if last else dx.movedim(-1, dim).contiguous()
+
+
+def _n_cols_along(*args: Any) -> int:
+    return along_dim_length(args[-2], args[-1])
+
+
+def along_dim_impls(single: LazyKernel, looped: LazyKernel) -> tuple[TritonImpl, TritonImpl]:
+    """``single_block`` and ``looped`` implementations of an op ``(x, dim) -> y`` from its two kernels."""
+
+    def launch_single(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
+        return _run_along(x, dim, single, single_block(along_dim_length(x, dim)), config["num_warps"])
+
+    def launch_looped(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
+        return _run_along(x, dim, looped, config["BLOCK_N"], config["num_warps"])
+
+    return single_block_impl(launch_single, single, _n_cols_along), looped_impl(launch_looped, looped, _n_cols_along)
+
+
+def along_dim_backward_impls(single: LazyKernel, looped: LazyKernel) -> tuple[TritonImpl, TritonImpl]:
+    """``single_block`` and ``looped`` implementations of a gradient ``(grad, y, dim) -> dx``."""
+
+    def launch_single(grad: torch.Tensor, y: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
+        block = single_block(along_dim_length(y, dim))
+        return _run_backward_along(grad, y, dim, single, block, config["num_warps"])
+
+    def launch_looped(grad: torch.Tensor, y: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
+        return _run_backward_along(grad, y, dim, looped, config["BLOCK_N"], config["num_warps"])
+
+    return single_block_impl(launch_single, single, _n_cols_along), looped_impl(launch_looped, looped, _n_cols_along)

@@ -162,7 +162,7 @@ def test_replay_of_a_saved_case(tmp_path: Path) -> None:
     x = torch.randn(3, 40)
     impl = kernelgate.softmax.implementations[0]
     good = save_case(
-        kernelgate.softmax, Plan(impl, "cached", config={"num_warps": 4}, interpret=True), (x, -1), tmp_path
+        kernelgate.softmax, Plan(impl, "cached", config={"ROWS": 2, "num_warps": 4}, interpret=True), (x, -1), tmp_path
     )
     assert main(["replay", str(good)]) == EXIT_OK
 

@@ -108,14 +108,14 @@ def test_interpreted_triton_call_row(tmp_path: Path) -> None:
         "shapes": "[3, 5]",
         "dtypes": "float32",
     }
-    assert softmax_row["config"] == "_softmax_fwd_kernel[3][('BLOCK_N', 16), ('num_warps', 1)]"
+    assert softmax_row["config"] == "_softmax_fwd_kernel[1][('BLOCK_N', 16), ('ROWS', 4), ('num_warps', 1)]"
     assert softmax_row["triton_version"] == importlib.metadata.version("triton")
     assert (rms_norm_row["implementation"], rms_norm_row["shapes"], rms_norm_row["dtypes"]) == (
         "single_block",
         "[3, 5]",
         "float16",
     )
-    assert rms_norm_row["config"] == "_rms_norm_fwd_kernel[3][('BLOCK_N', 16), ('HAS_WEIGHT', False), ('num_warps', 1)]"
+    assert rms_norm_row["config"] == "_rms_norm_fwd_kernel[1][('BLOCK_N', 16), ('HAS_WEIGHT', False), ('ROWS', 4), ('num_warps', 1)]"
 
 
 def test_mode_triton_and_auto_fallback_rows(tmp_path: Path) -> None:
@@ -129,17 +129,19 @@ def test_mode_triton_and_auto_fallback_rows(tmp_path: Path) -> None:
         with kernelgate.use_mode("triton"):
             kernelgate.softmax(torch.randn(2, 3))
         kernelgate.softmax(torch.randn(2, 3, dtype=torch.float64))
-    # Rows of 3 hold one block of 16, which only num_warps=1 fills; the looped kernel is pruned.
-    tune_row, winner_row, triton_row, fallback_row = rows_of(path)
-    assert {k: tune_row[k] for k in ("op", "implementation", "config", "path", "reason", "mode")} == {
-        "op": "softmax",
-        "implementation": "single_block",
-        "config": "num_warps=1",
-        "path": "tune",
-        "reason": "pass",
-        "mode": "triton",
-    }
-    assert float(tune_row["wall_us"]) > 0, "a passing candidate's row holds its measured time"
+    # Rows of 3 hold one block of 16, which only num_warps=1 fills, one or two (all) rows per
+    # program; the looped kernel is pruned.
+    *tune_rows, winner_row, triton_row, fallback_row = rows_of(path)
+    assert [row["config"] for row in tune_rows] == ["ROWS=1,num_warps=1", "ROWS=2,num_warps=1"]
+    for tune_row in tune_rows:
+        assert {k: tune_row[k] for k in ("op", "implementation", "path", "reason", "mode")} == {
+            "op": "softmax",
+            "implementation": "single_block",
+            "path": "tune",
+            "reason": "pass",
+            "mode": "triton",
+        }
+        assert float(tune_row["wall_us"]) > 0, "a passing candidate's row holds its measured time"
     # The winner row names the stored decision for mode "auto" (which of the reference and the
     # interpreted kernel measured faster is up to the machine); mode "triton" runs the kernel anyway.
     [decision] = json.loads((kernelgate.settings().cache_dir / FILE_NAME).read_text())["entries"].values()

@@ -1,11 +1,17 @@
-"""Shared pieces of row-wise ops (one program per row, a reduction over the last dimension).
+"""Shared pieces of row-wise ops (a reduction over the last dimension, one or more rows per program).
 
-Two implementation shapes cover any row length: a single-block kernel that holds a whole row in
+Two implementation shapes cover any row length: a single-block kernel that holds whole rows in
 registers, and a looped kernel that streams long rows in blocks. This module holds their config
 spaces, pruning rules and bucketing, so each row-wise op declares only its kernels and launchers.
 
+A single-block kernel may take ``ROWS`` rows per program (a ``(ROWS, BLOCK_N)`` tile). Short rows
+need it: with one row of 128 elements per program, a program does too little to hide memory
+latency, and the launch of many tiny programs dominates.
+
 >>> per_thread_ok(4096, 8), per_thread_ok(65536, 4), per_thread_ok(16, 2)
 (True, False, False)
+>>> row_block_default(128, 100000), row_block_default(8192, 100000), row_block_default(128, 3)
+({'ROWS': 16, 'num_warps': 8}, {'ROWS': 1, 'num_warps': 16}, {'ROWS': 4, 'num_warps': 2})
 """
 
 from __future__ import annotations
@@ -17,23 +23,28 @@ import torch
 
 from kernelgate.bucket import aligned16, pow2
 from kernelgate.config import Config, ConfigSpace
-from kernelgate.launch import LazyKernel, as_rows, empty, launch, next_power_of_2, num_warps_for
+from kernelgate.launch import LazyKernel, as_rows, cdiv, empty, launch, next_power_of_2, num_warps_for
 from kernelgate.op import TritonImpl
 
 __all__ = [
     "LOOPED_CONFIGS",
     "LOOPED_DEFAULT",
     "MAX_SINGLE_BLOCK",
+    "ROW_BLOCK_CONFIGS",
     "SINGLE_BLOCK_CONFIGS",
     "along_dim_backward_impls",
     "along_dim_bucket",
     "along_dim_impls",
     "along_dim_length",
+    "along_dim_rows",
     "fits_one_block",
+    "launch_rows",
     "looped_impl",
     "per_thread_ok",
     "prune_looped",
+    "prune_row_block",
     "prune_single_block",
+    "row_block_default",
     "row_bucket",
     "single_block",
     "single_block_default",
@@ -45,7 +56,13 @@ MAX_SINGLE_BLOCK = 16384
 # Elements each thread holds per block: more spills registers.
 MAX_PER_THREAD = 64
 
+# Elements of a (ROWS, BLOCK_N) tile beyond which more rows per program stop helping.
+MAX_ROW_TILE = 8192
+# Elements a program is given by default when rows are short.
+DEFAULT_ROW_TILE = 2048
+
 SINGLE_BLOCK_CONFIGS = ConfigSpace(num_warps=(1, 2, 4, 8, 16, 32))
+ROW_BLOCK_CONFIGS = ConfigSpace(ROWS=(1, 2, 4, 8, 16, 32, 64), num_warps=(1, 2, 4, 8, 16, 32))
 LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16))
 LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8}
 
@@ -75,6 +92,24 @@ def prune_single_block(config: Config, n_cols: int) -> bool:
     return per_thread_ok(single_block(n_cols), config["num_warps"])
 
 
+def row_block_default(n_cols: int, n_rows: int) -> Config:
+    """The untuned configuration of a multi-row single-block kernel: a tile of about 2048 elements."""
+    block = single_block(n_cols)
+    rows = max(1, min(DEFAULT_ROW_TILE // block, next_power_of_2(max(n_rows, 1))))
+    return {"ROWS": rows, "num_warps": num_warps_for(rows * block)}
+
+
+def prune_row_block(config: Config, n_cols: int, n_rows: int) -> bool:
+    """Whether a ``(ROWS, BLOCK_N)`` configuration suits ``n_rows`` rows of ``n_cols``.
+
+    More than one row per program only while the tile stays small and every row has data.
+    """
+    rows, block = config["ROWS"], single_block(n_cols)
+    if rows > 1 and (rows * block > MAX_ROW_TILE or rows > next_power_of_2(max(n_rows, 1))):
+        return False
+    return per_thread_ok(rows * block, config["num_warps"])
+
+
 def prune_looped(config: Config, n_cols: int) -> bool:
     """Whether a looped configuration suits rows of ``n_cols`` (no block longer than the row)."""
     block = config["BLOCK_N"]
@@ -86,8 +121,28 @@ def row_bucket(n_rows: int, n_cols: int) -> tuple[int, int, bool]:
     return pow2(n_rows), pow2(n_cols), aligned16(n_cols)
 
 
-def single_block_impl(launcher: Callable[..., Any], kernel: LazyKernel, n_cols: Callable[..., int]) -> TritonImpl:
-    """The ``single_block`` implementation of a row-wise op; ``n_cols(*args)`` gives its row length."""
+def single_block_impl(
+    launcher: Callable[..., Any],
+    kernel: LazyKernel,
+    n_cols: Callable[..., int],
+    n_rows: Callable[..., int] | None = None,
+) -> TritonImpl:
+    """The ``single_block`` implementation of a row-wise op; ``n_cols(*args)`` gives its row length.
+
+    With ``n_rows`` (the row count of the same arguments), the kernel takes ``ROWS`` rows per
+    program and the configurations range over :data:`ROW_BLOCK_CONFIGS`.
+    """
+    if n_rows is not None:
+        count = n_rows
+        return TritonImpl(
+            "single_block",
+            launcher,
+            (kernel,),
+            supports=lambda *args: fits_one_block(n_cols(*args)),
+            configs=ROW_BLOCK_CONFIGS,
+            default_config=lambda *args: row_block_default(n_cols(*args), count(*args)),
+            prune=lambda config, *args: prune_row_block(config, n_cols(*args), count(*args)),
+        )
     return TritonImpl(
         "single_block",
         launcher,
@@ -112,8 +167,9 @@ def looped_impl(launcher: Callable[..., Any], kernel: LazyKernel, n_cols: Callab
 
 
 # --- ops along one dimension: (x, dim) forward, (grad, y, dim) backward --------------------------
-# softmax and log_softmax: the kernels take (x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N)
-# and (dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, stride_dxm, n_cols, BLOCK_N).
+# softmax and log_softmax. Single-block kernels take (x_ptr, y_ptr, stride_xm, stride_ym, n_rows,
+# n_cols, ROWS, BLOCK_N) and (dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, stride_dxm, n_rows,
+# n_cols, ROWS, BLOCK_N); looped kernels the same without n_rows and ROWS (one program per row).
 
 
 def along_dim_length(x: torch.Tensor, dim: int) -> int:
@@ -121,40 +177,66 @@ def along_dim_length(x: torch.Tensor, dim: int) -> int:
     return x.shape[dim] if x.dim() else 1
 
 
+def along_dim_rows(x: torch.Tensor, dim: int) -> int:
+    """The number of rows of ``x`` along ``dim``."""
+    return x.numel() // max(along_dim_length(x, dim), 1)
+
+
 def along_dim_bucket(x: torch.Tensor, dim: int) -> tuple[int, int, bool]:
     """:func:`row_bucket` of ``x`` taken as rows along ``dim``."""
-    n = along_dim_length(x, dim)
-    return row_bucket(x.numel() // max(n, 1), n)
+    return row_bucket(along_dim_rows(x, dim), along_dim_length(x, dim))
 
 
 def _is_last(x: torch.Tensor, dim: int) -> bool:
     return x.dim() == 0 or dim in (-1, x.dim() - 1)
 
 
-def _run_along(x: torch.Tensor, dim: int, kernel: LazyKernel, block: int, num_warps: int) -> torch.Tensor:
+def launch_rows(
+    kernel: LazyKernel,
+    n_rows: int,
+    operands: tuple[Any, ...],
+    scalars: tuple[Any, ...],
+    *,
+    config: Config,
+    block: int,
+    **meta: Any,
+) -> None:
+    """Launch a row-wise forward kernel as ``kernel(*operands, [n_rows,] *scalars, BLOCK_N=block, ...)``.
+
+    A config with ``ROWS`` (a single-block kernel) gets one program per ``ROWS`` rows, and the
+    kernel takes ``n_rows`` before the scalars to mask the last program's rows; otherwise (a looped
+    kernel) one program per row.
+    """
+    rows_per_program = config.get("ROWS")
+    warps = config["num_warps"]
+    if rows_per_program is None:
+        launch(kernel, (n_rows,), *operands, *scalars, BLOCK_N=block, num_warps=warps, **meta)
+    else:
+        grid = (cdiv(n_rows, rows_per_program),)
+        launch(kernel, grid, *operands, n_rows, *scalars, ROWS=rows_per_program, BLOCK_N=block, num_warps=warps, **meta)
+
+
+def _run_along(x: torch.Tensor, dim: int, kernel: LazyKernel, block: int, config: Config) -> torch.Tensor:
     last = _is_last(x, dim)
     moved = x if last else x.movedim(dim, -1)
     rows = as_rows(moved, "x")
     y = empty(moved.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
-    launch(
-        kernel, (rows.n_rows,), rows.tensor, y, rows.stride, rows.n_cols, rows.n_cols,
-        BLOCK_N=block, num_warps=num_warps,
-    )  # fmt: skip
+    launch_rows(
+        kernel, rows.n_rows, (rows.tensor, y, rows.stride, rows.n_cols), (rows.n_cols,), config=config, block=block
+    )
     # Contiguous, as torch's result and the fake tensor torch.compile plans with.
     return y if last else y.movedim(-1, dim).contiguous()
 
 
 def _run_backward_along(
-    grad: torch.Tensor, y: torch.Tensor, dim: int, kernel: LazyKernel, block: int, num_warps: int
+    grad: torch.Tensor, y: torch.Tensor, dim: int, kernel: LazyKernel, block: int, config: Config
 ) -> torch.Tensor:
     last = _is_last(y, dim)
     moved_g, moved_y = (grad, y) if last else (grad.movedim(dim, -1), y.movedim(dim, -1))
     g_rows, y_rows = as_rows(moved_g, "grad"), as_rows(moved_y, "y")
     dx = empty(moved_y.shape, dtype=grad.dtype, device=grad.device)
-    launch(
-        kernel, (y_rows.n_rows,), g_rows.tensor, y_rows.tensor, dx, g_rows.stride, y_rows.stride, y_rows.n_cols,
-        y_rows.n_cols, BLOCK_N=block, num_warps=num_warps,
-    )  # fmt: skip
+    operands = (g_rows.tensor, y_rows.tensor, dx, g_rows.stride, y_rows.stride, y_rows.n_cols)
+    launch_rows(kernel, y_rows.n_rows, operands, (y_rows.n_cols,), config=config, block=block)
     return dx if last else dx.movedim(-1, dim).contiguous()
 
 
@@ -162,26 +244,35 @@ def _n_cols_along(*args: Any) -> int:
     return along_dim_length(args[-2], args[-1])
 
 
+def _n_rows_along(*args: Any) -> int:
+    return along_dim_rows(args[-2], args[-1])
+
+
 def along_dim_impls(single: LazyKernel, looped: LazyKernel) -> tuple[TritonImpl, TritonImpl]:
     """``single_block`` and ``looped`` implementations of an op ``(x, dim) -> y`` from its two kernels."""
 
     def launch_single(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
-        return _run_along(x, dim, single, single_block(along_dim_length(x, dim)), config["num_warps"])
+        return _run_along(x, dim, single, single_block(along_dim_length(x, dim)), config)
 
     def launch_looped(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
-        return _run_along(x, dim, looped, config["BLOCK_N"], config["num_warps"])
+        return _run_along(x, dim, looped, config["BLOCK_N"], config)
 
-    return single_block_impl(launch_single, single, _n_cols_along), looped_impl(launch_looped, looped, _n_cols_along)
+    return (
+        single_block_impl(launch_single, single, _n_cols_along, _n_rows_along),
+        looped_impl(launch_looped, looped, _n_cols_along),
+    )
 
 
 def along_dim_backward_impls(single: LazyKernel, looped: LazyKernel) -> tuple[TritonImpl, TritonImpl]:
     """``single_block`` and ``looped`` implementations of a gradient ``(grad, y, dim) -> dx``."""
 
     def launch_single(grad: torch.Tensor, y: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
-        block = single_block(along_dim_length(y, dim))
-        return _run_backward_along(grad, y, dim, single, block, config["num_warps"])
+        return _run_backward_along(grad, y, dim, single, single_block(along_dim_length(y, dim)), config)
 
     def launch_looped(grad: torch.Tensor, y: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
-        return _run_backward_along(grad, y, dim, looped, config["BLOCK_N"], config["num_warps"])
+        return _run_backward_along(grad, y, dim, looped, config["BLOCK_N"], config)
 
-    return single_block_impl(launch_single, single, _n_cols_along), looped_impl(launch_looped, looped, _n_cols_along)
+    return (
+        single_block_impl(launch_single, single, _n_cols_along, _n_rows_along),
+        looped_impl(launch_looped, looped, _n_cols_along),
+    )

@@ -41,7 +41,7 @@ def _run_rows(
     eps: float,
     kernel: LazyKernel,
     block: int,
-    num_warps: int,
+    config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     x_rows, r_rows = as_rows(x, "x"), as_rows(residual, "residual")
     w = _contiguous_weight(weight)
@@ -50,10 +50,11 @@ def _run_rows(
     y = empty(x.shape, dtype=dtype, device=x.device)  # contiguous: rows n_cols apart
     s = empty(x.shape, dtype=dtype, device=x.device)
     n_cols = x_rows.n_cols
-    launch(
-        kernel, (x_rows.n_rows,), x_rows.tensor, r_rows.tensor, x_rows.tensor if w is None else w, y, s,
-        x_rows.stride, r_rows.stride, n_cols, n_cols, n_cols, eps,
-        HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=num_warps,
+    any_pointer = x_rows.tensor  # the kernel reads no weight without HAS_WEIGHT
+    operands = (x_rows.tensor, r_rows.tensor, any_pointer if w is None else w, y, s, x_rows.stride, r_rows.stride)
+    rowwise.launch_rows(
+        kernel, x_rows.n_rows, (*operands, n_cols, n_cols), (n_cols, eps), config=config, block=block,
+        HAS_WEIGHT=w is not None,
     )  # fmt: skip
     return y, s
 
@@ -62,13 +63,13 @@ def _launch_single_block(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
     block = rowwise.single_block(x.shape[-1])
-    return _run_rows(x, residual, weight, eps, ADD_RMS_NORM_FWD, block, config["num_warps"])
+    return _run_rows(x, residual, weight, eps, ADD_RMS_NORM_FWD, block, config)
 
 
 def _launch_looped(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run_rows(x, residual, weight, eps, ADD_RMS_NORM_FWD_LOOPED, config["BLOCK_N"], config["num_warps"])
+    return _run_rows(x, residual, weight, eps, ADD_RMS_NORM_FWD_LOOPED, config["BLOCK_N"], config)
 
 
 def _bucket(x: torch.Tensor, weight: torch.Tensor | None) -> tuple[int, int, bool, bool]:
@@ -202,7 +203,12 @@ add_rms_norm = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        rowwise.single_block_impl(_launch_single_block, ADD_RMS_NORM_FWD, lambda x, *_: x.shape[-1]),
+        rowwise.single_block_impl(
+            _launch_single_block,
+            ADD_RMS_NORM_FWD,
+            lambda x, *_: x.shape[-1],
+            lambda x, *_: x.numel() // max(x.shape[-1], 1),
+        ),
         rowwise.looped_impl(_launch_looped, ADD_RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1]),
     ),
     bucket=lambda x, residual, weight, eps: _bucket(x, weight),

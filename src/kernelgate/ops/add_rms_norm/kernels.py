@@ -1,6 +1,7 @@
 """Triton kernels of add_rms_norm. Rows are contiguous, ``stride_*m`` apart.
 
-The forward kernels run one program per row; the backward kernels one per group of rows. The sum
+The single-block forward kernel runs ``ROWS`` rows per program, the looped one a row per program;
+the backward kernels one program per group of rows. The sum
 ``s`` is rounded to its dtype before it is normalised, so ``y`` is the rms_norm of the stored ``s``.
 """
 
@@ -21,29 +22,33 @@ def _add_rms_norm_fwd_kernel(
     stride_rm,
     stride_ym,
     stride_sm,
+    n_rows,
     n_cols,
     eps,
     HAS_WEIGHT: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """s[m, :] = x[m, :] + r[m, :];  y[m, :] = s[m, :] * rsqrt(mean(s[m, :]**2) + eps) * w, for a row in one block.
+    """s[m, :] = x[m, :] + r[m, :];  y[m, :] = s[m, :] * rsqrt(mean(s[m, :]**2) + eps) * w, rows in one block.
 
     x_ptr, r_ptr, y_ptr, s_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT.
-    Grid: (n_rows,). BLOCK_N >= n_cols, a power of two. x and r are read once, y and s written once.
+    Grid: (cdiv(n_rows, ROWS),); each program takes ROWS rows. BLOCK_N >= n_cols, a power of two.
+    x and r are read once, y and s written once.
     """
-    row = tl.program_id(0)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + row * stride_rm + cols, mask=mask, other=0.0).to(tl.float32)
+    col_mask = cols < n_cols
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     s = (x + r).to(s_ptr.dtype.element_ty)
-    tl.store(s_ptr + row * stride_sm + cols, s, mask=mask)
+    tl.store(s_ptr + rows[:, None] * stride_sm + cols[None, :], s, mask=mask)
     s = s.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(s * s, axis=0) / n_cols + eps)
-    y = s * rstd
+    rstd = tl.rsqrt(tl.sum(s * s, axis=1) / n_cols + eps)
+    y = s * rstd[:, None]
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -76,18 +76,24 @@ def _run_forward(
     eps: float,
     kernel: LazyKernel,
     block: int,
-    num_warps: int,
+    config: Config,
 ) -> torch.Tensor:
     check_affine("layer_norm", normalized_shape, weight, bias)
     rows = _rows(x, len(normalized_shape), "x")
     w, b = _flat(weight), _flat(bias)
     y = empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
-    launch(
-        kernel, (rows.n_rows,), rows.tensor,
-        rows.tensor if w is None else w,  # any pointer: the kernel reads no weight without HAS_WEIGHT
-        rows.tensor if b is None else b,
-        y, rows.stride, rows.n_cols, rows.n_cols, float(eps),
-        HAS_WEIGHT=w is not None, HAS_BIAS=b is not None, BLOCK_N=block, num_warps=num_warps,
+    any_pointer = rows.tensor  # the kernel reads no weight (bias) without HAS_WEIGHT (HAS_BIAS)
+    operands = (
+        rows.tensor,
+        any_pointer if w is None else w,
+        any_pointer if b is None else b,
+        y,
+        rows.stride,
+        rows.n_cols,
+    )
+    rowwise.launch_rows(
+        kernel, rows.n_rows, operands, (rows.n_cols, float(eps)), config=config, block=block,
+        HAS_WEIGHT=w is not None, HAS_BIAS=b is not None,
     )  # fmt: skip
     return y
 
@@ -102,7 +108,7 @@ def _launch_single_block(
     config: Config,
 ) -> torch.Tensor:
     block = rowwise.single_block(_n_cols(normalized_shape))
-    return _run_forward(x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD, block, config["num_warps"])
+    return _run_forward(x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD, block, config)
 
 
 def _launch_looped(
@@ -114,9 +120,7 @@ def _launch_looped(
     *,
     config: Config,
 ) -> torch.Tensor:
-    return _run_forward(
-        x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD_LOOPED, config["BLOCK_N"], config["num_warps"]
-    )
+    return _run_forward(x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD_LOOPED, config["BLOCK_N"], config)
 
 
 def _programs(device: torch.device, n_rows: int, per_sm: int) -> int:
@@ -250,6 +254,10 @@ def _bwd_n_cols(grad: torch.Tensor, x: torch.Tensor, normalized_shape: Sequence[
     return _n_cols(normalized_shape)
 
 
+def _fwd_n_rows(x: torch.Tensor, normalized_shape: Sequence[int], *_: Any) -> int:
+    return x.numel() // max(_n_cols(normalized_shape), 1)
+
+
 def _fwd_n_cols(x: torch.Tensor, normalized_shape: Sequence[int], *_: Any) -> int:
     return _n_cols(normalized_shape)
 
@@ -299,7 +307,7 @@ layer_norm = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        rowwise.single_block_impl(_launch_single_block, LAYER_NORM_FWD, _fwd_n_cols),
+        rowwise.single_block_impl(_launch_single_block, LAYER_NORM_FWD, _fwd_n_cols, _fwd_n_rows),
         _looped_impl(_launch_looped, LAYER_NORM_FWD_LOOPED, _fwd_n_cols, FWD_LOOPED_DEFAULT, FWD_LOOPED_PER_THREAD),
     ),
     bucket=lambda x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),

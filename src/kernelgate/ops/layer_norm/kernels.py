@@ -1,7 +1,8 @@
 """Triton kernels of layer_norm. Rows are contiguous, ``stride_*m`` apart; a row is the flattened
 normalised shape (``n_cols`` elements).
 
-The forward kernels run one program per row; the backward kernels one per group of rows. All
+The single-block forward kernel runs ``ROWS`` rows per program, the looped one a row per program;
+the backward kernels one program per group of rows. All
 arithmetic is in float32, and no statistic suffers cancellation however large a row's offset from
 zero. The single-block kernels hold the row in registers: an estimate ``m0`` of the mean, then the
 deviations ``d = x - m0`` (exact for x near m0), their mean ``shift`` and mean square; ``x - mean``
@@ -24,30 +25,34 @@ def _layer_norm_fwd_kernel(
     y_ptr,
     stride_xm,
     stride_ym,
+    n_rows,
     n_cols,
     eps,
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """y[m, :] = (x[m, :] - mean) * rsqrt(var + eps) * w + b for a row that fits one block.
+    """y[m, :] = (x[m, :] - mean) * rsqrt(var + eps) * w + b for rows that fit one block.
 
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr, b_ptr: (n_cols,), read only if HAS_WEIGHT / HAS_BIAS.
-    Grid: (n_rows,). BLOCK_N >= n_cols, a power of two. The row is read once and written once.
+    Grid: (cdiv(n_rows, ROWS),); each program takes ROWS rows. BLOCK_N >= n_cols, a power of two.
+    Each row is read once and written once.
     """
-    row = tl.program_id(0)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    d = tl.where(mask, x - tl.sum(x, axis=0) / n_cols, 0.0)
-    shift = tl.sum(d, axis=0) / n_cols
-    var = tl.maximum(tl.sum(d * d, axis=0) / n_cols - shift * shift, 0.0)
-    y = (d - shift) * tl.rsqrt(var + eps)
+    col_mask = cols < n_cols
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    d = tl.where(mask, x - (tl.sum(x, axis=1) / n_cols)[:, None], 0.0)
+    shift = tl.sum(d, axis=1) / n_cols
+    var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - shift * shift, 0.0)
+    y = (d - shift[:, None]) * tl.rsqrt(var + eps)[:, None]
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
-        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -1,4 +1,7 @@
-"""Triton kernels of log_softmax. One program per row; rows are contiguous, ``stride_*m`` apart."""
+"""Triton kernels of log_softmax. Rows are contiguous, ``stride_*m`` apart.
+
+Single-block kernels take ``ROWS`` rows per program; looped kernels one row per program.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +10,24 @@ import triton.language as tl
 
 
 @triton.jit
-def _log_softmax_fwd_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
-    """y[m, :] = (x[m, :] - max) - log(sum(exp(x[m, :] - max))) for a row that fits one block.
+def _log_softmax_fwd_kernel(
+    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, ROWS: tl.constexpr, BLOCK_N: tl.constexpr
+):  # fmt: skip
+    """y[m, :] = (x[m, :] - max) - log(sum(exp(x[m, :] - max))) for rows that fit one block.
 
-    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). BLOCK_N >= n_cols, a power of two.
-    The row is read once and written once; arithmetic in float32. The max is subtracted before the
-    log of the sum is, so rows of large magnitude (1e4) keep full precision. A row of only -inf
-    gives -inf - -inf = NaN, and +inf or NaN make the sum NaN, as in torch.
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (cdiv(n_rows, ROWS),); each program takes ROWS rows.
+    BLOCK_N >= n_cols, a power of two. Each row is read once and written once; arithmetic in
+    float32. The max is subtracted before the log of the sum is, so rows of large magnitude (1e4)
+    keep full precision. A row of only -inf gives -inf - -inf = NaN, and +inf or NaN make the sum
+    NaN, as in torch.
     """
-    row = tl.program_id(0)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)
-    shifted = x - tl.max(x, axis=0)
-    y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))
-    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
+    shifted = x - tl.max(x, axis=1)[:, None]
+    y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=1))[:, None]
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -58,19 +64,19 @@ def _log_softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, B
 
 @triton.jit
 def _log_softmax_bwd_kernel(
-    dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, stride_dxm, n_cols, BLOCK_N: tl.constexpr
+    dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, stride_dxm, n_rows, n_cols, ROWS: tl.constexpr, BLOCK_N: tl.constexpr
 ):  # fmt: skip
-    """dx[m, :] = dy[m, :] - exp(y[m, :]) * sum(dy[m, :]) for a row that fits one block.
+    """dx[m, :] = dy[m, :] - exp(y[m, :]) * sum(dy[m, :]) for rows that fit one block.
 
-    dy_ptr, y_ptr, dx_ptr: (n_rows, n_cols). Grid: (n_rows,). Arithmetic in float32.
+    dy_ptr, y_ptr, dx_ptr: (n_rows, n_cols). Grid: (cdiv(n_rows, ROWS),). Arithmetic in float32.
     """
-    row = tl.program_id(0)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0).to(tl.float32)
-    total = tl.sum(dy, axis=0)
-    tl.store(dx_ptr + row * stride_dxm + cols, (dy - tl.exp(y) * total).to(dx_ptr.dtype.element_ty), mask=mask)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + rows[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dx = dy - tl.exp(y) * tl.sum(dy, axis=1)[:, None]
+    tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

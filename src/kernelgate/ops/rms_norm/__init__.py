@@ -25,24 +25,15 @@ BWD_PROGRAMS_PER_SM = 4
 
 
 def _run_rows(
-    x: torch.Tensor, weight: torch.Tensor | None, eps: float, kernel: LazyKernel, block: int, num_warps: int
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, kernel: LazyKernel, block: int, config: Config
 ) -> torch.Tensor:
     rows = as_rows(x, "x")
     w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
     y = empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
-    launch(
-        kernel,
-        (rows.n_rows,),
-        rows.tensor,
-        rows.tensor if w is None else w,  # any pointer: the kernel reads no weight without HAS_WEIGHT
-        y,
-        rows.stride,
-        rows.n_cols,
-        rows.n_cols,
-        eps,
-        HAS_WEIGHT=w is not None,
-        BLOCK_N=block,
-        num_warps=num_warps,
+    any_pointer = rows.tensor  # the kernel reads no weight without HAS_WEIGHT
+    operands = (rows.tensor, any_pointer if w is None else w, y, rows.stride, rows.n_cols)
+    rowwise.launch_rows(
+        kernel, rows.n_rows, operands, (rows.n_cols, eps), config=config, block=block, HAS_WEIGHT=w is not None
     )
     return y
 
@@ -50,11 +41,11 @@ def _run_rows(
 def _launch_single_block(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> torch.Tensor:
-    return _run_rows(x, weight, eps, RMS_NORM_FWD, rowwise.single_block(x.shape[-1]), config["num_warps"])
+    return _run_rows(x, weight, eps, RMS_NORM_FWD, rowwise.single_block(x.shape[-1]), config)
 
 
 def _launch_looped(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config) -> torch.Tensor:
-    return _run_rows(x, weight, eps, RMS_NORM_FWD_LOOPED, config["BLOCK_N"], config["num_warps"])
+    return _run_rows(x, weight, eps, RMS_NORM_FWD_LOOPED, config["BLOCK_N"], config)
 
 
 def _bucket(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[int, int, bool, bool]:
@@ -64,6 +55,10 @@ def _bucket(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[i
 
 def _row_length(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> int:
     return int(x.shape[-1])
+
+
+def _row_count(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> int:
+    return x.numel() // max(int(x.shape[-1]), 1)
 
 
 def _make_inputs(
@@ -86,13 +81,16 @@ def _run_backward(
     *,
     looped: bool,
     block: int,
-    num_warps: int,
+    config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     x_rows, g_rows = as_rows(x, "x"), as_rows(grad, "grad")
     w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
-    rows_per_program = cdiv(n_rows, _programs(x.device, n_rows))
+    # The single-block kernel takes ROWS rows at a time: a program's rows are a multiple of ROWS.
+    step = 1 if looped else config["ROWS"]
+    rows_per_program = cdiv(cdiv(n_rows, _programs(x.device, n_rows)), step) * step
     programs = cdiv(n_rows, rows_per_program)
+    meta = {} if looped else {"ROWS": step}
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
     # The looped kernel keeps each row's rstd and mean(g * xhat) here between its two passes.
@@ -100,7 +98,7 @@ def _run_backward(
     launch(
         RMS_NORM_BWD_LOOPED if looped else RMS_NORM_BWD, (programs,), g_rows.tensor, x_rows.tensor,
         x_rows.tensor if w is None else w, dx, partial, *stats, g_rows.stride, x_rows.stride, n_cols, n_rows, n_cols,
-        eps, rows_per_program, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=num_warps,
+        eps, rows_per_program, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=config["num_warps"], **meta,
     )  # fmt: skip
     if w is None:
         return dx, x.new_empty(0)
@@ -111,13 +109,13 @@ def _launch_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
     block = rowwise.single_block(x.shape[-1])
-    return _run_backward(grad, x, weight, eps, looped=False, block=block, num_warps=config["num_warps"])
+    return _run_backward(grad, x, weight, eps, looped=False, block=block, config=config)
 
 
 def _launch_backward_looped(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run_backward(grad, x, weight, eps, looped=True, block=config["BLOCK_N"], num_warps=config["num_warps"])
+    return _run_backward(grad, x, weight, eps, looped=True, block=config["BLOCK_N"], config=config)
 
 
 def _make_backward_inputs(
@@ -137,7 +135,12 @@ rms_norm_backward = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        rowwise.single_block_impl(_launch_backward, RMS_NORM_BWD, lambda grad, x, *_: x.shape[-1]),
+        rowwise.single_block_impl(
+            _launch_backward,
+            RMS_NORM_BWD,
+            lambda grad, x, *_: x.shape[-1],
+            lambda grad, x, *_: _row_count(x, None, 0.0),
+        ),
         rowwise.looped_impl(_launch_backward_looped, RMS_NORM_BWD_LOOPED, lambda grad, x, *_: x.shape[-1]),
     ),
     bucket=lambda grad, x, weight, eps: _bucket(x, weight, eps),
@@ -164,7 +167,7 @@ rms_norm = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        rowwise.single_block_impl(_launch_single_block, RMS_NORM_FWD, lambda x, *_: x.shape[-1]),
+        rowwise.single_block_impl(_launch_single_block, RMS_NORM_FWD, _row_length, _row_count),
         rowwise.looped_impl(_launch_looped, RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1]),
     ),
     bucket=_bucket,

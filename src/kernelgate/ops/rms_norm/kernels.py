@@ -1,6 +1,7 @@
 """Triton kernels of rms_norm. Rows are contiguous, ``stride_*m`` apart.
 
-The forward kernels run one program per row; the backward kernels one per group of rows.
+The single-block forward kernel runs ``ROWS`` rows per program, the looped one a row per program;
+the backward kernels one program per group of rows.
 """
 
 from __future__ import annotations
@@ -11,22 +12,33 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_fwd_kernel(
-    x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    stride_xm,
+    stride_ym,
+    n_rows,
+    n_cols,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    """y[m, :] = x[m, :] * rsqrt(mean(x[m, :]**2) + eps) * w for a row that fits one block.
+    """y[m, :] = x[m, :] * rsqrt(mean(x[m, :]**2) + eps) * w for rows that fit one block.
 
-    x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT. Grid: (n_rows,).
-    BLOCK_N >= n_cols, a power of two. The row is read once and written once; arithmetic in float32.
+    x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT.
+    Grid: (cdiv(n_rows, ROWS),); each program takes ROWS rows. BLOCK_N >= n_cols, a power of two.
+    Each row is read once and written once; arithmetic in float32.
     """
-    row = tl.program_id(0)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    y = x * rstd
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    y = x * rstd[:, None]
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = y * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -70,6 +82,7 @@ def _rms_norm_bwd_kernel(
     eps,
     rows_per_program,
     HAS_WEIGHT: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Gradients of rms_norm for rows that fit one block; rstd is recomputed, not saved.
@@ -77,28 +90,30 @@ def _rms_norm_bwd_kernel(
     With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw = sum_rows(dy * xhat).
     dy_ptr, x_ptr, dx_ptr: (n_rows, n_cols); w_ptr: (n_cols,); dw_ptr: (programs, n_cols) float32,
     one partial sum of dw per program (summed on the host: no atomics). Grid: (programs,); each
-    program takes rows_per_program consecutive rows.
+    program takes rows_per_program consecutive rows, ROWS of them at a time.
     """
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
+    col_mask = cols < n_cols
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     dw = tl.zeros([BLOCK_N], tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
-    for row in range(first, last):
-        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    for start in range(first, last, ROWS):
+        rows = start + tl.arange(0, ROWS)
+        mask = (rows < last)[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)[:, None]
         xhat = x * rstd
         g = dy * w if HAS_WEIGHT else dy
-        dx = (g - xhat * (tl.sum(g * xhat, axis=0) / n_cols)) * rstd
-        tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dx = (g - xhat * (tl.sum(g * xhat, axis=1) / n_cols)[:, None]) * rstd
+        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if HAS_WEIGHT:
-            dw += dy * xhat
+            dw += tl.sum(dy * xhat, axis=0)
     if HAS_WEIGHT:
-        tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
+        tl.store(dw_ptr + pid * n_cols + cols, dw, mask=col_mask)
 
 
 @triton.jit

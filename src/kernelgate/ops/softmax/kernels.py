@@ -1,4 +1,7 @@
-"""Triton kernels of softmax. One program per row; rows are contiguous, ``stride_*m`` apart."""
+"""Triton kernels of softmax. Rows are contiguous, ``stride_*m`` apart.
+
+Single-block kernels take ``ROWS`` rows per program; looped kernels one row per program.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +10,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _softmax_fwd_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
-    """y[m, :] = exp(x[m, :] - max) / sum(exp(x[m, :] - max)) for a row that fits one block.
+def _softmax_fwd_kernel(
+    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, ROWS: tl.constexpr, BLOCK_N: tl.constexpr
+):  # fmt: skip
+    """y[m, :] = exp(x[m, :] - max) / sum(exp(x[m, :] - max)) for rows that fit one block.
 
-    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). BLOCK_N >= n_cols, a power of two.
-    The row is read once and written once; arithmetic in float32.
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (cdiv(n_rows, ROWS),); each program takes ROWS rows.
+    BLOCK_N >= n_cols, a power of two. Each row is read once and written once; arithmetic in float32.
     """
-    row = tl.program_id(0)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    y = e / tl.sum(e, axis=0)
-    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    y = e / tl.sum(e, axis=1)[:, None]
+    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -54,18 +59,21 @@ def _softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK
 
 
 @triton.jit
-def _softmax_bwd_kernel(dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, stride_dxm, n_cols, BLOCK_N: tl.constexpr):
-    """dx[m, :] = y[m, :] * (dy[m, :] - sum(dy[m, :] * y[m, :])) for a row that fits one block.
+def _softmax_bwd_kernel(
+    dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, stride_dxm, n_rows, n_cols, ROWS: tl.constexpr, BLOCK_N: tl.constexpr
+):  # fmt: skip
+    """dx[m, :] = y[m, :] * (dy[m, :] - sum(dy[m, :] * y[m, :])) for rows that fit one block.
 
-    dy_ptr, y_ptr, dx_ptr: (n_rows, n_cols). Grid: (n_rows,). Arithmetic in float32.
+    dy_ptr, y_ptr, dx_ptr: (n_rows, n_cols). Grid: (cdiv(n_rows, ROWS),). Arithmetic in float32.
     """
-    row = tl.program_id(0)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
-    dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0).to(tl.float32)
-    dot = tl.sum(dy * y, axis=0)
-    tl.store(dx_ptr + row * stride_dxm + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + rows[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dot = tl.sum(dy * y, axis=1)[:, None]
+    dx = y * (dy - dot)
+    tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

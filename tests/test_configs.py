@@ -11,31 +11,20 @@ import pytest
 import torch
 
 import kernelgate
-from kernelgate.config import LAUNCH_OPTIONS
-from kernelgate.op import TritonImpl
-from kernelgate.selection import compare, run_candidate
+from every_config import check_every_config
+from kernelgate.rowwise import MAX_SINGLE_BLOCK
 
-# (op, shape of the main tensor): a row in one block, and a row longer than any looped block.
-CASES = [
-    (kernelgate.softmax, (3, 100)),
-    (kernelgate.softmax, (2, 20000)),
-    (kernelgate.rms_norm, (3, 100)),
-    (kernelgate.rms_norm, (2, 20000)),
+# Every row-wise op, forward and backward: rows in one block (and a partial tile of rows), and rows
+# longer than one block (the looped kernels; for the backward ops also several rows per program).
+ROWWISE = [
+    (kernelgate.softmax, kernelgate.softmax_backward),
+    (kernelgate.log_softmax, kernelgate.log_softmax_backward),
+    (kernelgate.rms_norm, kernelgate.rms_norm_backward),
+    (kernelgate.add_rms_norm, kernelgate.add_rms_norm_backward),
+    (kernelgate.layer_norm, kernelgate.layer_norm_backward),
 ]
-
-
-def _distinct_for(impl: TritonImpl, values: tuple[object, ...], interpret: bool) -> list[object]:
-    """The configurations to run; the interpreter ignores launch options, so it runs one per kernel parameter set."""
-    configs = impl.candidate_configs(values)
-    if not interpret:
-        return configs
-    seen, kept = set(), []
-    for config in configs:
-        key = tuple(sorted((k, v) for k, v in (config or {}).items() if k not in LAUNCH_OPTIONS))
-        if key not in seen:
-            seen.add(key)
-            kept.append(config)
-    return kept
+CASES = [(op, (3, 100)) for pair in ROWWISE for op in pair]
+CASES += [(forward, (2, 20000)) for forward, _ in ROWWISE] + [(backward, (11, 16411)) for _, backward in ROWWISE]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -43,20 +32,12 @@ def _distinct_for(impl: TritonImpl, values: tuple[object, ...], interpret: bool)
 def test_every_config_matches_the_reference(
     target: torch.device, op: kernelgate.Op, shape: tuple[int, ...], dtype: torch.dtype
 ) -> None:
-    """Each implementation that accepts the shape gives the reference's result under every configuration it keeps."""
-    interpret = target.type == "cpu"
+    """Each implementation that accepts the shape gives the reference's result under every configuration it keeps;
+    rows in one block run the single-block kernel, longer rows the looped one."""
     assert op.make_inputs is not None
     values = op.make_inputs(shape, dtype, target)
-    expected = op.reference(*values)
-    ran = 0
-    for impl in op.implementations:
-        if impl.supports is not None and impl.supports(*values) is not None:
-            continue
-        for config in _distinct_for(impl, values, interpret):
-            result = run_candidate(impl, config, values, interpret, poison=True)
-            assert compare(result, expected, op.reduction_length(*values)) is None, (impl.name, config)
-            ran += 1
-    assert ran >= 1
+    ran = check_every_config(op, values, target.type == "cpu")
+    assert ran == ({"looped"} if shape[-1] > MAX_SINGLE_BLOCK else {"single_block"})
 
 
 @pytest.mark.gpu

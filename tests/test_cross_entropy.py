@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import kernelgate
+from every_config import check_every_config
 from kernelgate.errors import InputTypeError, InputValueError
 from kernelgate.ops.cross_entropy import cross_entropy, cross_entropy_backward
-from kernelgate.selection import compare, run_candidate
 from kernelgate.tolerance import assert_close, assert_no_worse
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -607,22 +607,7 @@ def test_every_config_matches_the_reference(
     if op is cross_entropy_backward:
         grad_shape = shape[:1] if reduction == "none" else ()
         args = (_logits(grad_shape, dtype, target, seed=6), *args)
-    expected = op.reference(*args)
-    interpret = target.type == "cpu"
-    ran = 0
-    for impl in op.implementations:
-        if impl.supports is not None and impl.supports(*args) is not None:
-            continue
-        configs = impl.candidate_configs(args)
-        if interpret:  # the interpreter ignores num_warps: one run per block size
-            configs = list(
-                {tuple(sorted((k, v) for k, v in (c or {}).items() if k != "num_warps")): c for c in configs}.values()
-            )
-        for config in configs:
-            result = run_candidate(impl, config, args, interpret, poison=True)
-            assert compare(result, expected, op.reduction_length(*args)) is None, (impl.name, config)
-            ran += 1
-    assert ran >= 1
+    check_every_config(op, args, target.type == "cpu")
 
 
 # --- the GPU: vocabularies of 32K to 256K ------------------------------------------------------

@@ -11,10 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import kernelgate
-from kernelgate.config import LAUNCH_OPTIONS
-from kernelgate.op import TritonImpl
+from every_config import check_every_config
 from kernelgate.ops.glu import geglu, geglu_backward, swiglu, swiglu_backward
-from kernelgate.selection import compare, run_candidate
 from kernelgate.tolerance import assert_close, assert_no_worse
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -436,20 +434,6 @@ def test_compiled_without_graph_breaks() -> None:
 # --- configurations -------------------------------------------------------------------------------
 
 
-def _distinct_for(impl: TritonImpl, values: tuple[object, ...], interpret: bool) -> list[object]:
-    """The configurations to run; the interpreter ignores launch options, so it runs one per kernel parameter set."""
-    configs = impl.candidate_configs(values)
-    if not interpret:
-        return configs
-    seen, kept = set(), []
-    for config in configs:
-        key = tuple(sorted((k, v) for k, v in (config or {}).items() if k not in LAUNCH_OPTIONS))
-        if key not in seen:
-            seen.add(key)
-            kept.append(config)
-    return kept
-
-
 def _config_values(
     variant: Variant, backward: bool, packed: bool, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> tuple[Any, ...]:
@@ -467,18 +451,9 @@ def test_every_config_matches_the_reference(
     target: torch.device, variant: Variant, backward: bool, packed: bool, shape: tuple[int, ...]
 ) -> None:
     """Every configuration the implementation keeps gives the reference's result (outputs poisoned with NaN)."""
-    interpret = target.type == "cpu"
     op = variant.backward if backward else variant.op
     for dtype in (torch.float32, torch.bfloat16):
-        values = _config_values(variant, backward, packed, shape, dtype, target)
-        expected = op.reference(*values)
-        ran = 0
-        for impl in op.implementations:
-            for config in _distinct_for(impl, values, interpret):
-                result = run_candidate(impl, config, values, interpret, poison=True)
-                assert compare(result, expected, op.reduction_length(*values)) is None, (impl.name, config)
-                ran += 1
-        assert ran >= 1
+        check_every_config(op, _config_values(variant, backward, packed, shape, dtype, target), target.type == "cpu")
 
 
 @pytest.mark.parametrize("op", [swiglu, geglu, swiglu_backward, geglu_backward], ids=lambda op: op.name)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import kernelgate
-from kernelgate.config import LAUNCH_OPTIONS, Config
+from kernelgate.config import Config
 from kernelgate.errors import InputTypeError, InputValueError
 from kernelgate.op import Op, TritonImpl
 from kernelgate.ops.layer_norm import layer_norm, layer_norm_backward
@@ -433,48 +433,6 @@ def test_opcheck(op: Op, make: Callable[[], tuple[Any, ...]], interpret: bool) -
 
 
 # --- every configuration -----------------------------------------------------------------------
-
-CASES = [(layer_norm, (3, 100)), (layer_norm, LONG), (layer_norm_backward, (3, 100)), (layer_norm_backward, LONG)]
-
-
-def _distinct_for(impl: TritonImpl, values: tuple[object, ...], interpret: bool) -> list[Config | None]:
-    """The configurations to run; the interpreter ignores launch options, so it runs one per kernel parameter set."""
-    configs = impl.candidate_configs(values)
-    if not interpret:
-        return configs
-    seen, kept = set(), []
-    for config in configs:
-        key = tuple(sorted((k, v) for k, v in (config or {}).items() if k not in LAUNCH_OPTIONS))
-        if key not in seen:
-            seen.add(key)
-            kept.append(config)
-    return kept
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("op", "shape"), CASES, ids=[f"{op.name}-{'x'.join(map(str, s))}" for op, s in CASES])
-def test_every_config_matches_the_reference(
-    target: torch.device, op: Op, shape: tuple[int, ...], dtype: torch.dtype
-) -> None:
-    """Each implementation that accepts the shape gives the reference's result under every configuration it keeps
-    (the backward's dweight and dbias as in _assert_backward_matches)."""
-    interpret = target.type == "cpu"
-    assert op.make_inputs is not None
-    values = op.make_inputs(shape, dtype, target)
-    expected = op.reference(*values)
-    ran = 0
-    for impl in op.implementations:
-        if impl.supports is not None and impl.supports(*values) is not None:
-            continue
-        for config in _distinct_for(impl, values, interpret):
-            result = run_candidate(impl, config, values, interpret, poison=True)
-            if op is layer_norm_backward:
-                _assert_backward_matches(result, values)
-            else:
-                assert compare(result, expected, op.reduction_length(*values)) is None, (impl.name, config)
-            ran += 1
-    assert ran >= 1
-
 
 # --- benchmark-sized shapes (GPU only) -----------------------------------------------------------
 

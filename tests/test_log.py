@@ -115,7 +115,10 @@ def test_interpreted_triton_call_row(tmp_path: Path) -> None:
         "[3, 5]",
         "float16",
     )
-    assert rms_norm_row["config"] == "_rms_norm_fwd_kernel[1][('BLOCK_N', 16), ('HAS_WEIGHT', False), ('ROWS', 4), ('num_warps', 1)]"
+    assert (
+        rms_norm_row["config"]
+        == "_rms_norm_fwd_kernel[1][('BLOCK_N', 16), ('HAS_WEIGHT', False), ('ROWS', 4), ('num_warps', 1)]"
+    )
 
 
 def test_mode_triton_and_auto_fallback_rows(tmp_path: Path) -> None:

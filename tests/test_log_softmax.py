@@ -8,10 +8,7 @@ import pytest
 import torch
 
 import kernelgate
-from kernelgate.config import LAUNCH_OPTIONS
-from kernelgate.op import TritonImpl
 from kernelgate.ops.log_softmax import log_softmax, log_softmax_backward
-from kernelgate.selection import compare, run_candidate
 from kernelgate.tolerance import assert_close, assert_no_worse
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -271,50 +268,6 @@ def test_compiled_without_graph_breaks() -> None:
     expected = model(x, torch.log_softmax)
     assert_close(y.detach(), expected.detach(), reduction_length=50 * 40)
     assert_no_worse(dx, *_torch_grads(lambda t: model(t, torch.log_softmax), x, torch.ones(())))
-
-
-# --- configurations -------------------------------------------------------------------------------
-
-
-def _distinct_for(impl: TritonImpl, values: tuple[object, ...], interpret: bool) -> list[object]:
-    """The configurations to run; the interpreter ignores launch options, so it runs one per kernel parameter set."""
-    configs = impl.candidate_configs(values)
-    if not interpret:
-        return configs
-    seen, kept = set(), []
-    for config in configs:
-        key = tuple(sorted((k, v) for k, v in (config or {}).items() if k not in LAUNCH_OPTIONS))
-        if key not in seen:
-            seen.add(key)
-            kept.append(config)
-    return kept
-
-
-CONFIG_CASES = [(log_softmax, (3, 100)), (log_softmax, (2, 20000)), (log_softmax_backward, (3, 100))]
-CONFIG_CASES += [(log_softmax_backward, (2, 20000))]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(
-    ("op", "shape"), CONFIG_CASES, ids=[f"{op.name}-{'x'.join(map(str, s))}" for op, s in CONFIG_CASES]
-)
-def test_every_config_matches_the_reference(
-    target: torch.device, op: kernelgate.Op, shape: tuple[int, ...], dtype: torch.dtype
-) -> None:
-    """Each implementation that accepts the shape gives the reference's result under every configuration it keeps."""
-    interpret = target.type == "cpu"
-    assert op.make_inputs is not None
-    values = op.make_inputs(shape, dtype, target)
-    expected = op.reference(*values)
-    ran = 0
-    for impl in op.implementations:
-        if impl.supports is not None and impl.supports(*values) is not None:
-            continue
-        for config in _distinct_for(impl, values, interpret):
-            result = run_candidate(impl, config, values, interpret, poison=True)
-            assert compare(result, expected, op.reduction_length(*values)) is None, (impl.name, config)
-            ran += 1
-    assert ran >= 1
 
 
 # --- GPU, benchmark-sized -------------------------------------------------------------------------

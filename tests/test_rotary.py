@@ -9,11 +9,10 @@ import pytest
 import torch
 
 import kernelgate
-from kernelgate.config import LAUNCH_OPTIONS
+from every_config import check_every_config, distinct_configs
 from kernelgate.errors import InputValueError
 from kernelgate.launch import next_power_of_2
 from kernelgate.ops.rotary import rotary_embedding
-from kernelgate.selection import compare, run_candidate
 from kernelgate.tolerance import assert_close
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -410,21 +409,6 @@ def test_make_inputs_gives_valid_arguments(shape: tuple[int, ...]) -> None:
         assert rotary_embedding.explain(q, k, cos, sin, interleaved).name == "per_position"
 
 
-def _distinct_configs(values: tuple[object, ...], interpret: bool) -> list[object]:
-    """The configurations to run; the interpreter ignores launch options, so it runs one per kernel parameter set."""
-    (impl,) = rotary_embedding.implementations
-    configs = impl.candidate_configs(values)
-    if not interpret:
-        return configs
-    seen, kept = set(), []
-    for config in configs:
-        key = tuple(sorted((k, v) for k, v in (config or {}).items() if k not in LAUNCH_OPTIONS))
-        if key not in seen:
-            seen.add(key)
-            kept.append(config)
-    return kept
-
-
 CONFIG_CASES = [(2, 3, 4, 2, 16, False), (1, 3, 5, 3, 10, True), (1, 2, 8, 1, 128, False)]
 
 
@@ -440,15 +424,9 @@ def test_every_config_matches_the_reference(target: torch.device, dtype: torch.d
         bool(interleaved),
     )
     (impl,) = rotary_embedding.implementations
-    expected = rotary_embedding.reference(*values)
-    assert impl.supports is not None and impl.supports(*values) is None
-    default = impl.default_for(values)
-    configs = _distinct_configs(values, target.type == "cpu")
-    assert default in impl.candidate_configs(values)
-    for config in configs:
-        result = run_candidate(impl, config, values, target.type == "cpu", poison=True)
-        assert compare(result, expected, rotary_embedding.reduction_length(*values)) is None, config
-    assert len(configs) >= 2
+    assert impl.default_for(values) in impl.candidate_configs(values)
+    assert len(distinct_configs(impl, values, target.type == "cpu")) >= 2
+    check_every_config(rotary_embedding, values, target.type == "cpu")
 
 
 def test_default_config_and_pruning() -> None:

@@ -99,14 +99,17 @@ def _run_backward(
     *,
     looped: bool,
     block: int,
-    num_warps: int,
+    config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     s_rows, g_rows = as_rows(s, "s"), as_rows(grad, "grad")
     ds_rows = as_rows(grad_s, "grad_s") if grad_s is not None else s_rows  # any pointer without HAS_DS
     w = _contiguous_weight(weight)
     n_rows, n_cols = s_rows.n_rows, s_rows.n_cols
-    rows_per_program = cdiv(n_rows, _programs(s.device, n_rows))
+    # The single-block kernel takes ROWS rows at a time: a program's rows are a multiple of ROWS.
+    step = 1 if looped else config["ROWS"]
+    rows_per_program = cdiv(cdiv(n_rows, _programs(s.device, n_rows)), step) * step
     programs = cdiv(n_rows, rows_per_program)
+    meta = {} if looped else {"ROWS": step}
     dx = empty(s.shape, dtype=s.dtype, device=s.device)
     partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=s.device)
     # The looped kernel keeps each row's rstd and mean(g * shat) here between its two passes.
@@ -115,7 +118,7 @@ def _run_backward(
         ADD_RMS_NORM_BWD_LOOPED if looped else ADD_RMS_NORM_BWD, (programs,), g_rows.tensor, ds_rows.tensor,
         s_rows.tensor, s_rows.tensor if w is None else w, dx, partial, *stats, g_rows.stride, ds_rows.stride,
         s_rows.stride, n_cols, n_rows, n_cols, eps, rows_per_program,
-        HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=num_warps,
+        HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=config["num_warps"], **meta,
     )  # fmt: skip
     if w is None:
         return dx, s.new_empty(0)
@@ -132,7 +135,7 @@ def _launch_backward(
     config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     block = rowwise.single_block(s.shape[-1])
-    return _run_backward(grad, grad_s, s, weight, eps, looped=False, block=block, num_warps=config["num_warps"])
+    return _run_backward(grad, grad_s, s, weight, eps, looped=False, block=block, config=config)
 
 
 def _launch_backward_looped(
@@ -144,8 +147,7 @@ def _launch_backward_looped(
     *,
     config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    block, num_warps = config["BLOCK_N"], config["num_warps"]
-    return _run_backward(grad, grad_s, s, weight, eps, looped=True, block=block, num_warps=num_warps)
+    return _run_backward(grad, grad_s, s, weight, eps, looped=True, block=config["BLOCK_N"], config=config)
 
 
 def _make_backward_inputs(
@@ -153,6 +155,10 @@ def _make_backward_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
     grad, grad_s, s, w = (torch.randn(n, device=device).to(dtype) for n in (shape, shape, shape, shape[-1:]))
     return grad, grad_s, s, w, 1e-6
+
+
+def _backward_row_count(grad: torch.Tensor, *_: object) -> int:
+    return grad.numel() // max(grad.shape[-1], 1)
 
 
 def _backward_row_length(grad: torch.Tensor, grad_s: torch.Tensor | None, s: torch.Tensor, *_: object) -> int:
@@ -170,7 +176,7 @@ add_rms_norm_backward = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        rowwise.single_block_impl(_launch_backward, ADD_RMS_NORM_BWD, _backward_row_length),
+        rowwise.single_block_impl(_launch_backward, ADD_RMS_NORM_BWD, _backward_row_length, _backward_row_count),
         rowwise.looped_impl(_launch_backward_looped, ADD_RMS_NORM_BWD_LOOPED, _backward_row_length),
     ),
     bucket=lambda grad, grad_s, s, weight, eps: (*_bucket(s, weight), grad_s is not None),

@@ -116,6 +116,7 @@ def _add_rms_norm_bwd_kernel(
     rows_per_program,
     HAS_DS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Gradients of add_rms_norm for rows that fit one block; rstd is recomputed from s, not saved.
@@ -124,30 +125,33 @@ def _add_rms_norm_bwd_kernel(
     gradient of the residual), dw = sum_rows(dy * shat). dy_ptr, ds_ptr, s_ptr, dx_ptr:
     (n_rows, n_cols), ds_ptr unused unless HAS_DS; w_ptr: (n_cols,); dw_ptr: (programs, n_cols)
     float32, one partial sum of dw per program (summed on the host: no atomics). Grid: (programs,);
-    each program takes rows_per_program consecutive rows.
+    each program takes rows_per_program consecutive rows, ROWS of them at a time.
     """
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
+    col_mask = cols < n_cols
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK_N], tl.float32)
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    # Per-row partial sums of dw, reduced over the tile's rows once at the end, not per step.
+    dw = tl.zeros([ROWS, BLOCK_N], tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
-    for row in range(first, last):
-        s = tl.load(s_ptr + row * stride_sm + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(s * s, axis=0) / n_cols + eps)
+    for start in range(first, last, ROWS):
+        rows = start + tl.arange(0, ROWS)
+        mask = (rows < last)[:, None] & col_mask[None, :]
+        s = tl.load(s_ptr + rows[:, None] * stride_sm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(s * s, axis=1) / n_cols + eps)[:, None]
         shat = s * rstd
         g = dy * w if HAS_WEIGHT else dy
-        dx = (g - shat * (tl.sum(g * shat, axis=0) / n_cols)) * rstd
+        dx = (g - shat * (tl.sum(g * shat, axis=1) / n_cols)[:, None]) * rstd
         if HAS_DS:
-            dx += tl.load(ds_ptr + row * stride_dsm + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dx += tl.load(ds_ptr + rows[:, None] * stride_dsm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if HAS_WEIGHT:
             dw += dy * shat
     if HAS_WEIGHT:
-        tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
+        tl.store(dw_ptr + pid * n_cols + cols, tl.sum(dw, axis=0), mask=col_mask)
 
 
 @triton.jit

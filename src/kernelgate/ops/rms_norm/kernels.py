@@ -97,7 +97,8 @@ def _rms_norm_bwd_kernel(
     col_mask = cols < n_cols
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    dw = tl.zeros([BLOCK_N], tl.float32)
+    # Per-row partial sums of dw, reduced over the tile's rows once at the end, not per step.
+    dw = tl.zeros([ROWS, BLOCK_N], tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
     for start in range(first, last, ROWS):
@@ -111,9 +112,9 @@ def _rms_norm_bwd_kernel(
         dx = (g - xhat * (tl.sum(g * xhat, axis=1) / n_cols)[:, None]) * rstd
         tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if HAS_WEIGHT:
-            dw += tl.sum(dy * xhat, axis=0)
+            dw += dy * xhat
     if HAS_WEIGHT:
-        tl.store(dw_ptr + pid * n_cols + cols, dw, mask=col_mask)
+        tl.store(dw_ptr + pid * n_cols + cols, tl.sum(dw, axis=0), mask=col_mask)
 
 
 @triton.jit

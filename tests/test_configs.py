@@ -13,6 +13,7 @@ import torch
 import kernelgate
 from every_config import check_every_config
 from kernelgate.rowwise import MAX_SINGLE_BLOCK
+from kernelgate.selection import compare, run_candidate
 
 # Every row-wise op, forward and backward: rows in one block (and a partial tile of rows), and rows
 # longer than one block (the looped kernels; for the backward ops also several rows per program).
@@ -38,6 +39,24 @@ def test_every_config_matches_the_reference(
     values = op.make_inputs(shape, dtype, target)
     ran = check_every_config(op, values, target.type == "cpu")
     assert ran == ({"looped"} if shape[-1] > MAX_SINGLE_BLOCK else {"single_block"})
+
+
+@pytest.mark.parametrize("op", [forward for forward, _ in ROWWISE], ids=lambda op: op.name)
+def test_a_nan_stays_in_its_row_when_programs_take_several_rows(target: torch.device, op: kernelgate.Op) -> None:
+    """With every row of the input in one program's tile, a NaN in one row makes that row NaN (as in the
+    reference) and leaves the other rows of the tile exactly as the reference computes them."""
+    assert op.make_inputs is not None
+    x, *rest = op.make_inputs((5, 40), torch.float32, target)
+    x[2, 7] = float("nan")
+    values = (x, *rest)
+    (impl,) = [i for i in op.implementations if i.name == "single_block"]
+    config = {"ROWS": 8, "num_warps": 1}  # one program: five rows and three masked ones
+    assert impl.configs is not None and impl.configs.validate(config) is not None
+    result = run_candidate(impl, config, values, target.type == "cpu", poison=True)
+    expected = op.reference(*values)
+    assert compare(result, expected, op.reduction_length(*values)) is None
+    first = result if isinstance(result, torch.Tensor) else result[0]
+    assert first[2].isnan().all() and not first[[0, 1, 3, 4]].isnan().any()
 
 
 @pytest.mark.gpu

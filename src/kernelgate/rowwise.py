@@ -132,25 +132,25 @@ def single_block_impl(
     With ``n_rows`` (the row count of the same arguments), the kernel takes ``ROWS`` rows per
     program and the configurations range over :data:`ROW_BLOCK_CONFIGS`.
     """
-    if n_rows is not None:
+    default: Callable[..., Config]
+    prune: Callable[..., bool]
+    if n_rows is None:
+        configs = SINGLE_BLOCK_CONFIGS
+        default = lambda *args: single_block_default(n_cols(*args))
+        prune = lambda config, *args: prune_single_block(config, n_cols(*args))
+    else:
         count = n_rows
-        return TritonImpl(
-            "single_block",
-            launcher,
-            (kernel,),
-            supports=lambda *args: fits_one_block(n_cols(*args)),
-            configs=ROW_BLOCK_CONFIGS,
-            default_config=lambda *args: row_block_default(n_cols(*args), count(*args)),
-            prune=lambda config, *args: prune_row_block(config, n_cols(*args), count(*args)),
-        )
+        configs = ROW_BLOCK_CONFIGS
+        default = lambda *args: row_block_default(n_cols(*args), count(*args))
+        prune = lambda config, *args: prune_row_block(config, n_cols(*args), count(*args))
     return TritonImpl(
         "single_block",
         launcher,
         (kernel,),
         supports=lambda *args: fits_one_block(n_cols(*args)),
-        configs=SINGLE_BLOCK_CONFIGS,
-        default_config=lambda *args: single_block_default(n_cols(*args)),
-        prune=lambda config, *args: prune_single_block(config, n_cols(*args)),
+        configs=configs,
+        default_config=default,
+        prune=prune,
     )
 
 

@@ -217,7 +217,7 @@ def test_run_measures_every_implementation(interpreted: list[bench.BenchRow]) ->
             assert {r.impl for r in got} == expected, (shape, direction)
             assert all(r.status == "ok" and r.time_us > 0 for r in got), [(r.impl, r.note) for r in got]
     notes = {r.impl: r.note for r in interpreted}
-    chosen = r"(reference|single_block\[num_warps=\d+\]|looped\[BLOCK_N=\d+,num_warps=\d+\])"
+    chosen = r"(reference|single_block\[ROWS=\d+,num_warps=\d+\]|looped\[BLOCK_N=\d+,num_warps=\d+\])"
     decided = rf"auto: {chosen} \((tuned|cached|reference-faster)"
     assert re.match(decided, notes["kernelgate"]), notes["kernelgate"]
     assert "BLOCK_N=1024" in notes["triton:looped"] and "num_warps=" in notes["triton:single_block"]
@@ -298,6 +298,23 @@ def test_misses_apply_each_target(interpreted: list[bench.BenchRow]) -> None:
     assert "speed of eager" in found[1] and "slower than eager" in found[2]
     host = dataclasses.replace(eager, regime="latency", host_us=10.0, impl="triton:single_block")
     assert "host cost" in bench.misses([host, dataclasses.replace(fast, regime="latency", host_us=12.5)])[0]
+
+
+def test_forward_backward_misses_name_the_autograd_gap(interpreted: list[bench.BenchRow]) -> None:
+    """A forward+backward miss says when the kernels called without autograd take at most half the time, else not."""
+    base = next(r for r in interpreted if r.direction == "forward+backward" and r.impl == "eager")
+    eager = dataclasses.replace(base, regime="bandwidth", time_us=100.0, host_us=math.nan, frac_of_copy=0.5)
+    ours = dataclasses.replace(eager, impl="kernelgate", time_us=300.0, frac_of_copy=0.2)
+    kernels = dataclasses.replace(eager, impl="triton:single_block", time_us=80.0, frac_of_copy=0.9)
+    found = bench.misses([eager, ours, kernels])
+    assert len(found) == 3
+    for line in found:
+        assert line.endswith(
+            "; without autograd its kernels (triton:single_block) take 80.0 us, 0.90 of copy: "
+            "most of the step is the autograd step (host time), not the kernels"
+        )
+    slow_kernels = dataclasses.replace(kernels, time_us=160.0, frac_of_copy=0.45)
+    assert all("autograd" not in line for line in bench.misses([eager, ours, slow_kernels]))
 
 
 def test_plots_are_png_files(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:

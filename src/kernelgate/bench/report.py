@@ -223,6 +223,7 @@ def misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[str]:
         if ours is None:
             continue
         where = f"{op} {dtype} {shape} {direction}"
+        before = len(found)
         floor = targets.forward_fraction if direction == FORWARD else targets.forward_backward_fraction
         if ours.regime == "bandwidth" and ours.frac_of_copy < floor:
             found.append(f"{where}: kernelgate reaches {ours.frac_of_copy:.2f} of copy bandwidth (target {floor:.2f})")
@@ -245,7 +246,29 @@ def misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[str]:
                 f"{where}: kernelgate host cost {ours.host_us:.1f} us per call is more than "
                 f"{targets.host_over_triton_us:g} us over a direct Triton launch ({min(direct):.1f} us)"
             )
+        cause = _autograd_gap(ours, by_impl) if direction == FORWARD_BACKWARD else ""
+        found[before:] = [line + cause for line in found[before:]]
     return found
+
+
+def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow]) -> str:
+    """The cause of a forward+backward miss when most of the step is not the op's kernels.
+
+    A ``triton:<name>`` forward+backward row runs the forward launcher and the declared backward
+    directly, without autograd; when that takes at most half of kernelgate's time through autograd,
+    most of the step is spent outside the kernels.
+    """
+    direct = [r for name, r in by_impl.items() if name.startswith("triton:")]
+    if not direct:
+        return ""
+    best = min(direct, key=effective_us)
+    if effective_us(best) > effective_us(ours) / 2:
+        return ""
+    share = f", {best.frac_of_copy:.2f} of copy" if best.regime == "bandwidth" else ""
+    return (
+        f"; without autograd its kernels ({best.impl}) take {effective_us(best):.1f} us{share}: "
+        "most of the step is the autograd step (host time), not the kernels"
+    )
 
 
 # --- summary ---------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from kernelgate import backend
 from kernelgate.bucket import aligned16, pow2
 from kernelgate.config import Config, ConfigSpace
 from kernelgate.launch import LazyKernel, as_rows, cdiv, empty, launch, next_power_of_2, num_warps_for
@@ -46,6 +47,7 @@ __all__ = [
     "prune_single_block",
     "row_block_default",
     "row_bucket",
+    "row_groups",
     "single_block",
     "single_block_default",
     "single_block_impl",
@@ -119,6 +121,25 @@ def prune_looped(config: Config, n_cols: int) -> bool:
 def row_bucket(n_rows: int, n_cols: int) -> tuple[int, int, bool]:
     """Rows and row length rounded up to powers of two, and whether the row length is a multiple of 16."""
     return pow2(n_rows), pow2(n_cols), aligned16(n_cols)
+
+
+def row_groups(device: torch.device, n_rows: int, per_sm: int, config: Config) -> tuple[int, int, dict[str, int]]:
+    """How a backward kernel that sums over rows splits them: ``(rows_per_program, programs, meta)``.
+
+    About ``per_sm`` programs per multiprocessor (two under the interpreter, which exercises the
+    row loop), each over consecutive rows; with ``ROWS`` in ``config`` (a single-block kernel) a
+    program's rows are a multiple of ``ROWS``, and ``meta`` passes ``ROWS`` to the kernel. Fewer
+    programs keep the per-program partial sums small; enough of them fill the GPU.
+
+    >>> row_groups(torch.device("cpu"), 10, 4, {"ROWS": 4, "num_warps": 1})
+    (4, 3, {'ROWS': 4})
+    """
+    sms = backend.multiprocessors(device) if device.type == "cuda" else 2
+    wanted = max(1, min(n_rows, per_sm * sms))
+    step = config.get("ROWS", 1)
+    rows_per_program = max(step, cdiv(cdiv(n_rows, wanted), step) * step)
+    meta = {"ROWS": step} if "ROWS" in config else {}
+    return rows_per_program, cdiv(n_rows, rows_per_program), meta
 
 
 def single_block_impl(

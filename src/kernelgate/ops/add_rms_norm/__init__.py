@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from kernelgate import backend, rowwise
+from kernelgate import rowwise
 from kernelgate.config import Config
 from kernelgate.contract import ScalarArg, TensorArg
-from kernelgate.launch import LazyKernel, as_rows, cdiv, empty, launch
+from kernelgate.launch import LazyKernel, as_rows, empty, launch
 from kernelgate.library import Backward
 from kernelgate.op import Op
 from kernelgate.ops.add_rms_norm.reference import add_rms_norm_backward_reference, add_rms_norm_reference
@@ -84,12 +84,6 @@ def _make_inputs(
     return x, residual, w, 1e-6
 
 
-def _programs(device: torch.device, n_rows: int) -> int:
-    # Under the interpreter: few programs, each over many rows, which exercises the row loop.
-    sms = backend.multiprocessors(device) if device.type == "cuda" else 2
-    return max(1, min(n_rows, BWD_PROGRAMS_PER_SM * sms))
-
-
 def _run_backward(
     grad: torch.Tensor,
     grad_s: torch.Tensor | None,
@@ -105,11 +99,7 @@ def _run_backward(
     ds_rows = as_rows(grad_s, "grad_s") if grad_s is not None else s_rows  # any pointer without HAS_DS
     w = _contiguous_weight(weight)
     n_rows, n_cols = s_rows.n_rows, s_rows.n_cols
-    # The single-block kernel takes ROWS rows at a time: a program's rows are a multiple of ROWS.
-    step = 1 if looped else config["ROWS"]
-    rows_per_program = cdiv(cdiv(n_rows, _programs(s.device, n_rows)), step) * step
-    programs = cdiv(n_rows, rows_per_program)
-    meta = {} if looped else {"ROWS": step}
+    rows_per_program, programs, meta = rowwise.row_groups(s.device, n_rows, BWD_PROGRAMS_PER_SM, config)
     dx = empty(s.shape, dtype=s.dtype, device=s.device)
     partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=s.device)
     # The looped kernel keeps each row's rstd and mean(g * shat) here between its two passes.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from kernelgate import backend, rowwise
+from kernelgate import rowwise
 from kernelgate.config import Config
 from kernelgate.contract import ScalarArg, TensorArg
-from kernelgate.launch import LazyKernel, as_rows, cdiv, empty, launch
+from kernelgate.launch import LazyKernel, as_rows, empty, launch
 from kernelgate.library import Backward
 from kernelgate.op import Op
 from kernelgate.ops.rms_norm.reference import rms_norm_backward_reference, rms_norm_reference
@@ -67,12 +67,6 @@ def _make_inputs(
     return torch.randn(shape, device=device).to(dtype), torch.randn(shape[-1], device=device).to(dtype), 1e-6
 
 
-def _programs(device: torch.device, n_rows: int) -> int:
-    # Under the interpreter: few programs, each over many rows, which exercises the row loop.
-    sms = backend.multiprocessors(device) if device.type == "cuda" else 2
-    return max(1, min(n_rows, BWD_PROGRAMS_PER_SM * sms))
-
-
 def _run_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -86,11 +80,7 @@ def _run_backward(
     x_rows, g_rows = as_rows(x, "x"), as_rows(grad, "grad")
     w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
-    # The single-block kernel takes ROWS rows at a time: a program's rows are a multiple of ROWS.
-    step = 1 if looped else config["ROWS"]
-    rows_per_program = cdiv(cdiv(n_rows, _programs(x.device, n_rows)), step) * step
-    programs = cdiv(n_rows, rows_per_program)
-    meta = {} if looped else {"ROWS": step}
+    rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, BWD_PROGRAMS_PER_SM, config)
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
     # The looped kernel keeps each row's rstd and mean(g * xhat) here between its two passes.

@@ -211,7 +211,7 @@ def test_large_offsets_do_not_cancel(target: torch.device, name: str, n: int, co
     """float32 rows of 1e4 + noise: the result and gradients are no further from float64 than plain PyTorch's."""
     x = 1e4 + _randn((3, n), torch.float32, target) / 3
     w, b = _affine("weight-bias", (n,), torch.float32, target)
-    config = config or {"ROWS": 2, "num_warps": 4}  # the backward reads only num_warps
+    config = config or {"ROWS": 2, "num_warps": 4}
     y = _run(layer_norm, name, config, x, (n,), w, b, EPS)
     assert_no_worse(y, F.layer_norm(x, (n,), w, b, EPS), F.layer_norm(x.double(), (n,), w.double(), b.double(), EPS))
     grad = _randn((3, n), torch.float32, target, seed=3)
@@ -236,7 +236,7 @@ def test_nan_propagates(target: torch.device, name: str, config: Config | None) 
     x = _randn((3, 200), torch.float32, target)
     x[1, 150] = float("nan")
     w, b = _affine("weight-bias", (200,), torch.float32, target)
-    config = config or {"ROWS": 2, "num_warps": 4}  # the backward reads only num_warps
+    config = config or {"ROWS": 2, "num_warps": 4}
     y = _run(layer_norm, name, config, x, (200,), w, b, EPS)
     expected = F.layer_norm(x, (200,), w, b, EPS)
     assert y[1].isnan().all() and not y[[0, 2]].isnan().any()

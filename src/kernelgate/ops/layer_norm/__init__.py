@@ -139,7 +139,7 @@ def _run_backward(
     *,
     looped: bool,
     block: int,
-    num_warps: int,
+    config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     check_affine("layer_norm_backward", normalized_shape, weight, bias)
     k = len(normalized_shape)
@@ -147,8 +147,11 @@ def _run_backward(
     w = _flat(weight)
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
     per_sm = BWD_LOOPED_PROGRAMS_PER_SM if looped else BWD_PROGRAMS_PER_SM
-    rows_per_program = cdiv(n_rows, _programs(x.device, n_rows, per_sm))
+    # The single-block kernel takes ROWS rows at a time: a program's rows are a multiple of ROWS.
+    step = 1 if looped else config["ROWS"]
+    rows_per_program = cdiv(cdiv(n_rows, _programs(x.device, n_rows, per_sm)), step) * step
     programs = cdiv(n_rows, rows_per_program)
+    meta = {} if looped else {"ROWS": step}
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     # One buffer of partial sums: dweight's first, then dbias's.
     sums = int(w is not None) + int(bias is not None)
@@ -159,7 +162,7 @@ def _run_backward(
         LAYER_NORM_BWD_LOOPED if looped else LAYER_NORM_BWD, (programs,), g_rows.tensor, x_rows.tensor,
         x_rows.tensor if w is None else w, dx, partial[0], partial[sums - 1], *stats,
         g_rows.stride, x_rows.stride, n_cols, n_rows, n_cols, float(eps), rows_per_program,
-        HAS_WEIGHT=w is not None, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=num_warps,
+        HAS_WEIGHT=w is not None, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=config["num_warps"], **meta,
     )  # fmt: skip
     total = partial.sum(dim=1) if sums else partial
     dw = total[0].to(weight.dtype).view(weight.shape) if weight is not None else x.new_empty(0)
@@ -179,9 +182,7 @@ def _launch_backward(
     config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     block = rowwise.single_block(_n_cols(normalized_shape))
-    return _run_backward(
-        grad, x, normalized_shape, weight, bias, eps, looped=False, block=block, num_warps=config["num_warps"]
-    )
+    return _run_backward(grad, x, normalized_shape, weight, bias, eps, looped=False, block=block, config=config)
 
 
 def _launch_backward_looped(
@@ -195,9 +196,8 @@ def _launch_backward_looped(
     config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _run_backward(
-        grad, x, normalized_shape, weight, bias, eps, looped=True, block=config["BLOCK_N"],
-        num_warps=config["num_warps"],
-    )  # fmt: skip
+        grad, x, normalized_shape, weight, bias, eps, looped=True, block=config["BLOCK_N"], config=config
+    )
 
 
 def _fits(block: int, num_warps: int, per_thread: int) -> bool:
@@ -214,18 +214,28 @@ def _looped_impl(launcher: Any, kernel: LazyKernel, n_cols: Any, default: Config
     return TritonImpl("looped", launcher, (kernel,), configs=LOOPED_CONFIGS, default_config=default, prune=prune)
 
 
-def _bwd_single_block_impl(n_cols: Any) -> TritonImpl:
-    """The single-block backward: rows up to rowwise.MAX_SINGLE_BLOCK, at most BWD_PER_THREAD elements per thread."""
+def _bwd_single_block_impl(n_cols: Any, n_rows: Any) -> TritonImpl:
+    """The single-block backward: rows up to rowwise.MAX_SINGLE_BLOCK, ``ROWS`` of them per step, at most
+    BWD_PER_THREAD elements of a tile per thread."""
+
+    def default(*args: Any) -> Config:
+        rows = rowwise.row_block_default(n_cols(*args), n_rows(*args))["ROWS"]
+        tile = rows * rowwise.single_block(n_cols(*args))
+        return {"ROWS": rows, "num_warps": num_warps_for(tile, elements_per_thread=8, hi=32)}
+
+    def prune(config: Config, *args: Any) -> bool:
+        tile = config["ROWS"] * rowwise.single_block(n_cols(*args))
+        fits = _fits(tile, config["num_warps"], BWD_PER_THREAD)
+        return fits and rowwise.prune_row_block(config, n_cols(*args), n_rows(*args))
+
     return TritonImpl(
         "single_block",
         _launch_backward,
         (LAYER_NORM_BWD,),
         supports=lambda *args: rowwise.fits_one_block(n_cols(*args)),
-        configs=rowwise.SINGLE_BLOCK_CONFIGS,
-        default_config=lambda *args: {
-            "num_warps": num_warps_for(rowwise.single_block(n_cols(*args)), elements_per_thread=8, hi=32)
-        },
-        prune=lambda config, *args: _fits(rowwise.single_block(n_cols(*args)), config["num_warps"], BWD_PER_THREAD),
+        configs=rowwise.ROW_BLOCK_CONFIGS,
+        default_config=default,
+        prune=prune,
     )
 
 
@@ -248,6 +258,10 @@ def _make_backward_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...], torch.Tensor, torch.Tensor, float]:
     grad, x, w, b = (torch.randn(s, device=device).to(dtype) for s in (shape, shape, shape[-1:], shape[-1:]))
     return grad, x, tuple(shape[-1:]), w, b, 1e-5
+
+
+def _bwd_n_rows(grad: torch.Tensor, x: torch.Tensor, normalized_shape: Sequence[int], *_: Any) -> int:
+    return x.numel() // max(_n_cols(normalized_shape), 1)
 
 
 def _bwd_n_cols(grad: torch.Tensor, x: torch.Tensor, normalized_shape: Sequence[int], *_: Any) -> int:
@@ -275,7 +289,7 @@ layer_norm_backward = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        _bwd_single_block_impl(_bwd_n_cols),
+        _bwd_single_block_impl(_bwd_n_cols, _bwd_n_rows),
         _looped_impl(_launch_backward_looped, LAYER_NORM_BWD_LOOPED, _bwd_n_cols, BWD_LOOPED_DEFAULT, BWD_PER_THREAD),
     ),
     bucket=lambda grad, x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),

@@ -134,6 +134,7 @@ def _layer_norm_bwd_kernel(
     rows_per_program,
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Gradients of layer_norm for rows that fit one block; mean and rstd are recomputed, not saved.
@@ -143,38 +144,41 @@ def _layer_norm_bwd_kernel(
     dy_ptr, x_ptr, dx_ptr: (n_rows, n_cols); w_ptr: (n_cols,); dw_ptr, db_ptr: (programs, n_cols)
     float32, one partial sum per program (summed on the host: no atomics), written only if
     HAS_WEIGHT / HAS_BIAS. Grid: (programs,); each program takes rows_per_program consecutive rows,
-    each read once.
+    ROWS of them at a time, each read once.
     """
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
+    col_mask = cols < n_cols
     if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK_N], tl.float32)
-    db = tl.zeros([BLOCK_N], tl.float32)
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    # Per-row partial sums of dw and db, reduced over the tile's rows once at the end.
+    dw = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    db = tl.zeros([ROWS, BLOCK_N], tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
-    for row in range(first, last):
-        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-        d = tl.where(mask, x - tl.sum(x, axis=0) / n_cols, 0.0)
-        shift = tl.sum(d, axis=0) / n_cols
-        var = tl.maximum(tl.sum(d * d, axis=0) / n_cols - shift * shift, 0.0)
-        rstd = tl.rsqrt(var + eps)
-        xhat = tl.where(mask, (d - shift) * rstd, 0.0)
+    for start in range(first, last, ROWS):
+        rows = start + tl.arange(0, ROWS)
+        mask = (rows < last)[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - (tl.sum(x, axis=1) / n_cols)[:, None], 0.0)
+        shift = tl.sum(d, axis=1) / n_cols
+        var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - shift * shift, 0.0)
+        rstd = tl.rsqrt(var + eps)[:, None]
+        xhat = tl.where(mask, (d - shift[:, None]) * rstd, 0.0)
         g = dy * w if HAS_WEIGHT else dy
-        mean_g = tl.sum(g, axis=0) / n_cols
-        mean_gxhat = tl.sum(g * xhat, axis=0) / n_cols
+        mean_g = (tl.sum(g, axis=1) / n_cols)[:, None]
+        mean_gxhat = (tl.sum(g * xhat, axis=1) / n_cols)[:, None]
         dx = (g - mean_g - xhat * mean_gxhat) * rstd
-        tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if HAS_WEIGHT:
             dw += dy * xhat
         if HAS_BIAS:
             db += dy
     if HAS_WEIGHT:
-        tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
+        tl.store(dw_ptr + pid * n_cols + cols, tl.sum(dw, axis=0), mask=col_mask)
     if HAS_BIAS:
-        tl.store(db_ptr + pid * n_cols + cols, db, mask=mask)
+        tl.store(db_ptr + pid * n_cols + cols, tl.sum(db, axis=0), mask=col_mask)
 
 
 @triton.jit

@@ -41,6 +41,23 @@ def test_every_config_matches_the_reference(
     assert ran == ({"looped"} if shape[-1] > MAX_SINGLE_BLOCK else {"single_block"})
 
 
+@pytest.mark.parametrize(("rows", "cols"), [(524288, 128), (131072, 512), (16384, 4096), (3, 100), (2, 3), (1, 4096)])
+def test_row_block_pruning_keeps_the_default_and_small_tiles_only_when_rows_are_few(rows: int, cols: int) -> None:
+    """The untuned configuration survives pruning; tiles of several rows hold at least 1024 elements and 8 per
+    thread, unless all the rows there are make a smaller tile."""
+    impl = kernelgate.softmax.implementations[0]
+    values = (torch.empty(rows, cols), -1)
+    kept = impl.candidate_configs(values)
+    assert impl.default_for(values) in kept
+    block = max(16, 1 << (cols - 1).bit_length())
+    everything = (1 << (rows - 1).bit_length()) * block
+    for config in kept:
+        tile = config["ROWS"] * block
+        if config["ROWS"] > 1:
+            assert min(1024, everything) <= tile <= everything, config
+            assert config["num_warps"] == 1 or tile // (32 * config["num_warps"]) >= 8, config
+
+
 @pytest.mark.parametrize("op", [forward for forward, _ in ROWWISE], ids=lambda op: op.name)
 def test_a_nan_stays_in_its_row_when_programs_take_several_rows(target: torch.device, op: kernelgate.Op) -> None:
     """With every row of the input in one program's tile, a NaN in one row makes that row NaN (as in the

@@ -60,6 +60,9 @@ MAX_PER_THREAD = 64
 
 # Elements of a (ROWS, BLOCK_N) tile beyond which more rows per program stop helping.
 MAX_ROW_TILE = 8192
+# Smallest tile, and elements per thread, worth tuning with more than one row per program.
+MIN_ROW_TILE = 1024
+MIN_ROW_TILE_PER_THREAD = 8
 # Elements a program is given by default when rows are short.
 DEFAULT_ROW_TILE = 2048
 
@@ -104,12 +107,21 @@ def row_block_default(n_cols: int, n_rows: int) -> Config:
 def prune_row_block(config: Config, n_cols: int, n_rows: int) -> bool:
     """Whether a ``(ROWS, BLOCK_N)`` configuration suits ``n_rows`` rows of ``n_cols``.
 
-    More than one row per program only while the tile stays small and every row has data.
+    More than one row per program only while the tile stays small and every row has data, and only
+    for tiles that give each thread some work: at least MIN_ROW_TILE elements (or all the rows
+    there are) and MIN_ROW_TILE_PER_THREAD per thread (or one warp). Every winner measured on the
+    H200 at rows of 128 to 4096 met these (benchmarks/results/h200/short-rows-70095f7); the
+    rest only lengthened tuning.
     """
-    rows, block = config["ROWS"], single_block(n_cols)
-    if rows > 1 and (rows * block > MAX_ROW_TILE or rows > next_power_of_2(max(n_rows, 1))):
-        return False
-    return per_thread_ok(rows * block, config["num_warps"])
+    rows, block, warps = config["ROWS"], single_block(n_cols), config["num_warps"]
+    tile = rows * block
+    if rows > 1:
+        everything = next_power_of_2(max(n_rows, 1)) * block
+        if tile > MAX_ROW_TILE or tile > everything or tile < min(MIN_ROW_TILE, everything):
+            return False
+        if warps > 1 and tile // (32 * warps) < MIN_ROW_TILE_PER_THREAD:
+            return False
+    return per_thread_ok(tile, warps)
 
 
 def prune_looped(config: Config, n_cols: int) -> bool:

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from kernelgate import backend, rowwise
+from kernelgate import rowwise
 from kernelgate.config import Config, ConfigSpace
 from kernelgate.contract import ScalarArg, ShapeArg, TensorArg
-from kernelgate.launch import LazyKernel, Rows, as_contiguous, as_rows, cdiv, empty, launch, num_warps_for
+from kernelgate.launch import LazyKernel, Rows, as_contiguous, as_rows, empty, launch, num_warps_for
 from kernelgate.library import Backward
 from kernelgate.op import Op, TritonImpl
 from kernelgate.ops.layer_norm.reference import check_affine, layer_norm_backward_reference, layer_norm_reference
@@ -123,12 +123,6 @@ def _launch_looped(
     return _run_forward(x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD_LOOPED, config["BLOCK_N"], config)
 
 
-def _programs(device: torch.device, n_rows: int, per_sm: int) -> int:
-    # Under the interpreter: few programs, each over many rows, which exercises the row loop.
-    sms = backend.multiprocessors(device) if device.type == "cuda" else 2
-    return max(1, min(n_rows, per_sm * sms))
-
-
 def _run_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -147,11 +141,7 @@ def _run_backward(
     w = _flat(weight)
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
     per_sm = BWD_LOOPED_PROGRAMS_PER_SM if looped else BWD_PROGRAMS_PER_SM
-    # The single-block kernel takes ROWS rows at a time: a program's rows are a multiple of ROWS.
-    step = 1 if looped else config["ROWS"]
-    rows_per_program = cdiv(cdiv(n_rows, _programs(x.device, n_rows, per_sm)), step) * step
-    programs = cdiv(n_rows, rows_per_program)
-    meta = {} if looped else {"ROWS": step}
+    rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, per_sm, config)
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     # One buffer of partial sums: dweight's first, then dbias's.
     sums = int(w is not None) + int(bias is not None)

@@ -1,4 +1,4 @@
-"""The only module that imports Triton: lazy import, target detection, compiled and interpreted launches.
+"""Where Triton is imported (besides :mod:`kernelgate.compile_ahead`): target detection, launches.
 
 Nothing here runs at ``import kernelgate``; the first call that needs Triton imports it and probes
 the driver once per process.
@@ -24,6 +24,7 @@ __all__ = [
     "launch_interpreted",
     "status",
     "triton_version",
+    "warm_compiled",
 ]
 
 # Launch-grid limits of the GPU targets Triton supports (CUDA, ROCm and XPU agree on these).
@@ -127,6 +128,11 @@ def multiprocessors(device: torch.device) -> int:
 def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:
     """Launch a ``@triton.jit`` kernel compiled for the current device."""
     kernel[grid](*args, **meta)
+
+
+def warm_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:
+    """Bind ``args`` as a launch would and compile if needed, without launching (Triton's ``warmup``)."""
+    kernel.warmup(*args, grid=grid, **meta)
 
 
 # ---------------------------------------------------------------------------------------------

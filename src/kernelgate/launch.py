@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import torch
 
 from kernelgate import backend
+from kernelgate.compile_ahead import is_collecting
 
 __all__ = [
     "LazyKernel",
@@ -124,6 +125,8 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
         state.launches.append((getattr(kernel, "__name__", repr(kernel)), grid, meta))
     if state.interpret:
         backend.launch_interpreted(kernel, grid, args, meta)
+    elif is_collecting():
+        backend.warm_compiled(kernel, grid, args, meta)
     else:
         backend.launch_compiled(kernel, grid, args, meta)
 

@@ -6,7 +6,8 @@ Triton candidate first runs on the inputs (clones of those the op mutates) into 
 NaN and is compared with the reference under the tolerance policy; a failing or crashing candidate
 is excluded, with its error recorded. The rest are timed (GPU: ``triton.testing.do_bench``, L2
 flushed, median; CPU: wall clock, median), and a Triton candidate replaces the reference only when
-it is faster by the configured margin: ties go to the reference.
+it is faster by the configured margin: ties go to the reference. On a GPU the candidates' kernels
+are first compiled in parallel (:mod:`kernelgate.compile_ahead`), so the gate mostly loads them.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kernelgate.compile_ahead import compile_ahead, default_workers
 from kernelgate.config import Config, config_label
 from kernelgate.dispatch import Reason
 from kernelgate.launch import Unsupported, call_state
+from kernelgate.settings import settings
 from kernelgate.tolerance import assert_close, assert_close_normwise, magnitude, tolerance
 
 if TYPE_CHECKING:
@@ -174,6 +177,17 @@ def time_us(fn: Callable[[], object], device: torch.device) -> float:
     return statistics.median(times)
 
 
+def _compile_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> None:
+    """Compile every candidate's kernels in parallel worker processes before the gate runs them."""
+    workers = settings().compile_workers
+    launches = [
+        functools.partial(run_candidate, impl, config, clone_args(values, op.mutated_positions), False, False)
+        for impl in impls
+        for config in impl.candidate_configs(values)
+    ]
+    compile_ahead(launches, default_workers() if workers is None else workers)
+
+
 def tune(
     op: Op,
     values: tuple[Any, ...],
@@ -185,6 +199,8 @@ def tune(
     """Gate and time every candidate; return the cache entry describing the winners, and the results."""
     reduction = op.reduction_length(*values)
     expected = op.reference(*clone_args(values, op.mutated_positions))
+    if device.type != "cpu" and not interpret:
+        _compile_candidates(op, values, impls)
     results: list[CandidateResult] = []
     unsupported: Unsupported | None = None
     for impl in impls:

@@ -17,6 +17,8 @@ variable                      meaning                                         de
 ``KERNELGATE_CHECK_EVERY``    in check mode, compare 1 call in N              ``1``
 ``KERNELGATE_CHECK_ACTION``   on a check mismatch: ``raise``, or ``demote``   ``raise``
                               (warn, and use the reference from then on)
+``KERNELGATE_COMPILE_WORKERS``  processes compiling a new bucket's candidates  CPUs, at most 8
+                              in parallel; 0: compile in the process only
 ============================  ==============================================  ====================
 
 The environment is read once, on first use; :func:`configure` changes settings for the process
@@ -88,6 +90,9 @@ class Settings:
         cache_dir: directory of the decision cache, or ``None`` for the user cache directory.
         check_every: in check mode, compare one call in this many.
         check_action: on a check mismatch, ``raise`` or ``demote`` the decision to the reference.
+        compile_workers: processes that compile a new bucket's candidates in parallel before they
+            are timed (:mod:`kernelgate.compile_ahead`); 0 compiles them in this process, one by
+            one; ``None``: the CPUs this process may use, at most 8.
     """
 
     mode: Mode = "auto"
@@ -99,6 +104,7 @@ class Settings:
     cache_dir: Path | None = None
     check_every: int = 1
     check_action: CheckAction = "raise"
+    compile_workers: int | None = None
 
     def __post_init__(self) -> None:
         parse_mode(self.mode, source="mode")
@@ -117,6 +123,11 @@ class Settings:
         every = self.check_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise SettingsError(f"check_every (KERNELGATE_CHECK_EVERY) must be an integer >= 1; got {every!r}.")
+        workers = self.compile_workers
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+            raise SettingsError(
+                f"compile_workers (KERNELGATE_COMPILE_WORKERS) must be an integer >= 0; got {workers!r}."
+            )
         if self.check_action not in CHECK_ACTIONS:
             raise SettingsError(
                 f"check_action (KERNELGATE_CHECK_ACTION) must be one of {', '.join(CHECK_ACTIONS)}; "
@@ -141,6 +152,9 @@ class Settings:
                 _parse_number(env.get("KERNELGATE_CHECK_EVERY", "1"), int, source="KERNELGATE_CHECK_EVERY")
             ),
             check_action=cast(CheckAction, env.get("KERNELGATE_CHECK_ACTION", "raise").strip().lower()),
+            compile_workers=int(_parse_number(workers, int, source="KERNELGATE_COMPILE_WORKERS"))
+            if (workers := env.get("KERNELGATE_COMPILE_WORKERS", "").strip())
+            else None,
         )
 
 

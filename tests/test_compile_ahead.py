@@ -1,0 +1,122 @@
+"""Compiling candidates ahead in worker processes: the workers build exactly what the process would.
+
+On the CPU the process runs Triton with a compile-only driver for an H100-class target (sm_90), so
+Triton's real compiler (ptxas included) runs here with no GPU; on a GPU the driver is the real one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import kernelgate
+from kernelgate import compile_ahead
+from kernelgate.compile_ahead import CompileJob
+from kernelgate.errors import SettingsError
+from kernelgate.launch import launch
+
+
+@pytest.fixture
+def triton_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh Triton cache, and Triton compiling for sm_90 with no GPU when none is here."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    assert Path(triton.knobs.cache.dir) == cache
+    saved = driver._active
+    if not torch.cuda.is_available():
+        driver.set_active(compile_ahead._CompileOnlyDriver(GPUTarget("cuda", 90, 32)))  # type: ignore[arg-type]
+    try:
+        yield cache
+    finally:
+        driver._active = saved
+        compile_ahead.shutdown()
+
+
+def _files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+def _softmax_launches(device: str, rows_per_program: list[int], warps: list[int]) -> list[Any]:
+    from kernelgate.ops.softmax.kernels import _softmax_fwd_kernel
+
+    x = torch.randn(64, 96, device=device)
+    y = torch.empty_like(x)
+
+    def one(rows: int, num_warps: int) -> Any:
+        meta = {"ROWS": rows, "BLOCK_N": 128, "num_warps": num_warps}
+        return lambda: launch(_softmax_fwd_kernel, (1,), x, y, 96, 96, 64, 96, **meta)
+
+    return [one(r, w) for r in rows_per_program for w in warps]
+
+
+def test_workers_compile_exactly_what_the_process_then_loads(triton_cache: Path) -> None:
+    """Jobs are collected without compiling or running; the workers' cache entries are what the process uses.
+
+    After the workers ran, compiling the same launches in the process adds nothing to the cache:
+    every kernel came from the workers' entries (a different specialization would be a new entry).
+    """
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # Same configurations twice: a job is compiled once.
+    launches = _softmax_launches(device, [1, 2, 4], [1, 2]) * 2
+    with compile_ahead.collect_jobs() as jobs:
+        for run in launches:
+            run()
+    assert len(jobs) == 12 and len(set(jobs)) == 6, "each launch asks once; nothing was compiled in between"
+    assert {job.name for job in jobs} == {"_softmax_fwd_kernel"}
+    assert not triton_cache.exists() or not any(triton_cache.rglob("*.cubin")), "collecting compiles nothing"
+
+    outcome = compile_ahead.compile_ahead(launches, workers=2)
+    assert (outcome.jobs, outcome.compiled) == (6, 6), outcome
+    built = _files(triton_cache)
+    assert len([p for p in built if p.suffix == ".cubin"]) == 6
+
+    from kernelgate.backend import warm_compiled
+    from kernelgate.ops.softmax.kernels import _softmax_fwd_kernel
+
+    x = torch.randn(64, 96, device=device)
+    for rows in (1, 2, 4):
+        for num_warps in (1, 2):
+            meta = {"ROWS": rows, "BLOCK_N": 128, "num_warps": num_warps}
+            warm_compiled(_softmax_fwd_kernel, (1,), (x, torch.empty_like(x), 96, 96, 64, 96), meta)
+    assert _files(triton_cache) == built, "the process found every kernel in the workers' cache entries"
+
+
+def test_a_job_that_fails_in_a_worker_is_reported_and_the_pool_goes_on(triton_cache: Path) -> None:
+    """A job the worker cannot build gets its error back; the next job on the same worker still compiles."""
+    with compile_ahead.collect_jobs() as jobs:
+        _softmax_launches("cuda" if torch.cuda.is_available() else "cpu", [8], [4])[0]()
+    from triton.runtime.driver import driver
+
+    target = driver.active.get_current_target()
+    bad = CompileJob("kernelgate.no_such_module", "_kernel", jobs[0].specialization)
+    results = compile_ahead._pool.run((target.backend, target.arch, target.warp_size), [bad, jobs[0]], workers=1)
+    assert results[0] is not None and "ModuleNotFoundError" in results[0]
+    assert results[1] is None
+
+
+def test_no_workers_compiles_nothing_ahead(triton_cache: Path) -> None:
+    outcome = compile_ahead.compile_ahead(_softmax_launches("cpu", [1], [1]), workers=0)
+    assert outcome == compile_ahead.Outcome(0, 0, 0.0)
+    assert not triton_cache.exists() or not _files(triton_cache)
+
+
+def test_compile_workers_setting() -> None:
+    """KERNELGATE_COMPILE_WORKERS: unset means automatic (None), an integer >= 0 is taken, else a clear error."""
+    assert kernelgate.Settings.from_env({}).compile_workers is None
+    assert kernelgate.Settings.from_env({"KERNELGATE_COMPILE_WORKERS": "0"}).compile_workers == 0
+    assert kernelgate.Settings.from_env({"KERNELGATE_COMPILE_WORKERS": " 4 "}).compile_workers == 4
+    with pytest.raises(SettingsError, match=r"KERNELGATE_COMPILE_WORKERS must be an integer; got 'many'"):
+        kernelgate.Settings.from_env({"KERNELGATE_COMPILE_WORKERS": "many"})
+    with pytest.raises(SettingsError, match=r"must be an integer >= 0; got -1"):
+        kernelgate.configure(compile_workers=-1)
+    assert 0 <= compile_ahead.default_workers() <= 8
+    assert compile_ahead.default_workers() <= (os.cpu_count() or 1)

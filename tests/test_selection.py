@@ -801,3 +801,41 @@ def test_a_gate_failure_on_non_finite_inputs_is_not_cached() -> None:
         assert_close(op(finite), finite * 2)
     [entry] = cache_entries().values()
     assert entry["implementation"] == "differs_at_inf"
+
+
+def test_many_passing_candidates_are_screened_and_only_finalists_get_the_full_timing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU, with more candidates than FINALISTS, the fastest four by a short timing, plus each
+    implementation's fastest, are timed fully; the rest are recorded as screened with their short time."""
+    from kernelgate import selection
+
+    calls: list[str] = []
+    wide = TritonImpl("wide", launcher(calls, "wide"), configs=ConfigSpace(BLOCK=(1, 2, 3, 4, 5, 6)))
+    narrow = TritonImpl("narrow", launcher(calls, "narrow"), configs=ConfigSpace(BLOCK=(7,)))
+    passed = [(wide, {"BLOCK": b}, ()) for b in (1, 2, 3, 4, 5, 6)] + [(narrow, {"BLOCK": 7}, ())]
+    # Short timings: BLOCK=b costs 10*b us, narrow's only config the slowest (100 us).
+    short = {b: 10.0 * b for b in range(1, 7)} | {7: 100.0}
+    timed: list[tuple[int, bool]] = []
+
+    def fake_time_us(fn: Any, device: torch.device, *, screen: bool = False) -> float:
+        block = fn.args[1]["BLOCK"]
+        timed.append((block, screen))
+        return short[block] if screen else short[block] + 0.5
+
+    monkeypatch.setattr(selection, "time_us", fake_time_us)
+    results = selection._time_passing(passed, torch.device("cuda"), interpret=False)
+    by_block = {r.config["BLOCK"]: r for r in results if r.config is not None}
+    assert [b for b, screen in timed if screen] == [1, 2, 3, 4, 5, 6, 7], "every candidate screened once"
+    assert sorted(b for b, screen in timed if not screen) == [1, 2, 3, 4, 7], "top four, and narrow's best"
+    assert {b for b, r in by_block.items() if r.verdict == "pass"} == {1, 2, 3, 4, 7}
+    assert by_block[1].time_us == 10.5, "a finalist's time is its full timing"
+    assert by_block[5].verdict == "screened" and by_block[5].time_us is None
+    assert by_block[5].detail == "50.0 us in the short timing; not among the 4 fastest"
+
+    timed.clear()
+    few = selection._time_passing(passed[:4], torch.device("cuda"), interpret=False)
+    assert [r.verdict for r in few] == ["pass"] * 4 and all(not screen for _, screen in timed), "no screen for 4"
+    timed.clear()
+    on_cpu = selection._time_passing(passed, torch.device("cpu"), interpret=True)
+    assert all(r.verdict == "pass" for r in on_cpu) and all(not screen for _, screen in timed), "no screen off a GPU"

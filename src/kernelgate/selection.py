@@ -39,6 +39,12 @@ GPU_WARMUP_MS = 5
 GPU_REP_MS = 20
 CPU_REPEATS = 5
 HOST_CALLS = 50
+# On a GPU, with more passing candidates than FINALISTS, each is first timed briefly (SCREEN_*), and
+# only the fastest FINALISTS, plus the fastest configuration of each implementation, get the full
+# timing above. Ranks from the short timing are close to the full one's; the full timing decides.
+FINALISTS = 4
+SCREEN_WARMUP_MS = 1
+SCREEN_REP_MS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +68,7 @@ class CandidateResult:
 
     implementation: str
     config: Config | None
-    verdict: str  # "pass", "mismatch", "error", "unsupported"
+    verdict: str  # "pass", "screened" (passed, slower in the short timing), "mismatch", "error", "unsupported"
     time_us: float | None = None
     detail: str = ""
 
@@ -147,8 +153,8 @@ def run_candidate(impl: TritonImpl, config: Config | None, values: Sequence[Any]
         state.interpret, state.poison = saved
 
 
-def time_us(fn: Callable[[], object], device: torch.device) -> float:
-    """What one call of ``fn`` costs, in microseconds.
+def time_us(fn: Callable[[], object], device: torch.device, *, screen: bool = False) -> float:
+    """What one call of ``fn`` costs, in microseconds (``screen``: a shorter, rougher timing on a GPU).
 
     On a GPU: the larger of the device time (``do_bench``: L2 flushed, median) and the host time
     per call (calls issued back to back, then one synchronise), since a small kernel is bounded by
@@ -157,7 +163,8 @@ def time_us(fn: Callable[[], object], device: torch.device) -> float:
     if device.type in ("cuda", "xpu"):
         from triton.testing import do_bench
 
-        device_us = float(do_bench(fn, warmup=GPU_WARMUP_MS, rep=GPU_REP_MS, return_mode="median")) * 1e3
+        warmup, rep = (SCREEN_WARMUP_MS, SCREEN_REP_MS) if screen else (GPU_WARMUP_MS, GPU_REP_MS)
+        device_us = float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median")) * 1e3
         sync = torch.cuda.synchronize if device.type == "cuda" else torch.xpu.synchronize
         host = []
         for _ in range(3):
@@ -188,6 +195,33 @@ def _compile_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonI
     compile_ahead(launches, default_workers() if workers is None else workers)
 
 
+def _time_passing(
+    passed: Sequence[tuple[TritonImpl, Config | None, tuple[Any, ...]]], device: torch.device, interpret: bool
+) -> list[CandidateResult]:
+    """Time the candidates that passed the gate: briefly first when there are many (see FINALISTS)."""
+
+    def call(i: int) -> Callable[[], object]:
+        impl, config, args = passed[i]
+        return functools.partial(run_candidate, impl, config, args, interpret, False)
+
+    finalists = set(range(len(passed)))
+    screened: dict[int, float] = {}
+    if device.type != "cpu" and len(passed) > FINALISTS:
+        screened = {i: time_us(call(i), device, screen=True) for i in range(len(passed))}
+        ranked = sorted(screened, key=screened.__getitem__)
+        finalists = set(ranked[:FINALISTS])
+        for name in {impl.name for impl, _, _ in passed}:
+            finalists.add(next(i for i in ranked if passed[i][0].name == name))
+    results = []
+    for i, (impl, config, _) in enumerate(passed):
+        if i in finalists:
+            results.append(CandidateResult(impl.name, config, "pass", time_us(call(i), device)))
+        else:
+            detail = f"{screened[i]:.1f} us in the short timing; not among the {FINALISTS} fastest"
+            results.append(CandidateResult(impl.name, config, "screened", detail=detail))
+    return results
+
+
 def tune(
     op: Op,
     values: tuple[Any, ...],
@@ -202,6 +236,7 @@ def tune(
     if device.type != "cpu" and not interpret:
         _compile_candidates(op, values, impls)
     results: list[CandidateResult] = []
+    passed: list[tuple[TritonImpl, Config | None, tuple[Any, ...]]] = []
     unsupported: Unsupported | None = None
     for impl in impls:
         for config in impl.candidate_configs(values):
@@ -221,8 +256,8 @@ def tune(
             if mismatch is not None:
                 results.append(CandidateResult(impl.name, config, "mismatch", detail=str(mismatch)))
                 continue
-            elapsed = time_us(functools.partial(run_candidate, impl, config, args, interpret, False), device)
-            results.append(CandidateResult(impl.name, config, "pass", elapsed))
+            passed.append((impl, config, args))
+    results += _time_passing(passed, device, interpret)
     if unsupported is not None and not any(r.verdict == "pass" for r in results):
         raise unsupported  # a limit of these exact inputs (not of the bucket): nothing is cached
     if not any(r.verdict == "pass" for r in results) and _non_finite(values):

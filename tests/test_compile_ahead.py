@@ -118,5 +118,5 @@ def test_compile_workers_setting() -> None:
         kernelgate.Settings.from_env({"KERNELGATE_COMPILE_WORKERS": "many"})
     with pytest.raises(SettingsError, match=r"must be an integer >= 0; got -1"):
         kernelgate.configure(compile_workers=-1)
-    assert 0 <= compile_ahead.default_workers() <= 8
+    assert 0 <= compile_ahead.default_workers() <= 16
     assert compile_ahead.default_workers() <= (os.cpu_count() or 1)

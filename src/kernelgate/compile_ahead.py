@@ -54,12 +54,12 @@ _collecting = _Collecting()
 
 
 def default_workers() -> int:
-    """Workers used when ``KERNELGATE_COMPILE_WORKERS`` is not set: the CPUs this process may use, at most 8."""
+    """Workers used when ``KERNELGATE_COMPILE_WORKERS`` is not set: the CPUs this process may use, at most 16."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(0, min(8, cpus))
+    return max(0, min(16, cpus))
 
 
 def is_collecting() -> bool:

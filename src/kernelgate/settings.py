@@ -17,7 +17,7 @@ variable                      meaning                                         de
 ``KERNELGATE_CHECK_EVERY``    in check mode, compare 1 call in N              ``1``
 ``KERNELGATE_CHECK_ACTION``   on a check mismatch: ``raise``, or ``demote``   ``raise``
                               (warn, and use the reference from then on)
-``KERNELGATE_COMPILE_WORKERS``  processes compiling a new bucket's candidates  CPUs, at most 8
+``KERNELGATE_COMPILE_WORKERS``  processes compiling a new bucket's candidates  CPUs, at most 16
                               in parallel; 0: compile in the process only
 ============================  ==============================================  ====================
 
@@ -92,7 +92,7 @@ class Settings:
         check_action: on a check mismatch, ``raise`` or ``demote`` the decision to the reference.
         compile_workers: processes that compile a new bucket's candidates in parallel before they
             are timed (:mod:`kernelgate.compile_ahead`); 0 compiles them in this process, one by
-            one; ``None``: the CPUs this process may use, at most 8.
+            one; ``None``: the CPUs this process may use, at most 16.
     """
 
     mode: Mode = "auto"

@@ -51,7 +51,7 @@ __all__ = ["resolve_ops", "run"]
 LATENCY_BYTES = 16 * 2**20  # inputs below this are timed for host cost too: noise hides bandwidth there
 GPU_COPY_BYTES = 2 * 2**30
 CPU_COPY_BYTES = 16 * 2**20
-GPU_HOST_CALLS = 2000
+GPU_HOST_CALLS = 200  # enough for a stable mean; 2000 took seconds per forward+backward step
 CPU_HOST_CALLS = 10
 SEED = 0
 
@@ -613,7 +613,7 @@ def run(
         warmup_ms, rep_ms: ``do_bench``'s warm-up and measuring time per measurement (GPU).
         repeats: rounds per measurement, interleaving the implementations; the median is kept.
         cpu_repeats: calls timed per round off the GPU.
-        host_calls: calls per host-cost measurement (latency shapes); default 2000 on a GPU, 10 elsewhere.
+        host_calls: calls per host-cost measurement (latency shapes); default 200 on a GPU, 10 elsewhere.
         latency_bytes: shapes whose inputs total fewer bytes are the latency regime (host cost
             measured, no bandwidth target); default 16 MiB.
         console: where progress and a table per op and dtype are printed; ``None``: silent.

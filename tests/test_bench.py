@@ -317,6 +317,34 @@ def test_forward_backward_misses_name_the_autograd_gap(interpreted: list[bench.B
     assert all("autograd" not in line for line in bench.misses([eager, ours, slow_kernels]))
 
 
+def test_forward_backward_steady_state_is_reported_beside_the_do_bench_time(
+    interpreted: list[bench.BenchRow], tmp_path: Path
+) -> None:
+    """At bandwidth shapes, forward+backward steps issued back to back get their own table and a clause in a
+    miss; they never replace the do_bench time in the targets."""
+    base = next(r for r in interpreted if r.direction == "forward+backward" and r.impl == "eager")
+    # 1e6 bytes per step at 1000 GB/s of copy: 10 us back to back is 0.10 of copy.
+    common = {"regime": "bandwidth", "bytes": 10**6, "copy_gbps": 1000.0, "shape": "8x1000"}
+    eager = dataclasses.replace(base, **common, time_us=100.0, host_us=10.0, frac_of_copy=0.5)
+    ours = dataclasses.replace(base, **common, impl="kernelgate", time_us=300.0, host_us=5.0, frac_of_copy=0.2)
+    assert bench.steady_fraction(ours) == pytest.approx(0.2) and bench.steady_fraction(eager) == pytest.approx(0.1)
+    assert bench.effective_us(ours) == 300.0, "the do_bench time stays the measure at bandwidth shapes"
+    found = bench.misses([eager, ours])
+    assert len(found) == 3, found
+    assert all(
+        line.endswith(
+            "; with steps issued back to back, as in a training loop, it reaches 0.20 of copy (best peer eager 0.10)"
+        )
+        for line in found
+    )
+    text = bench.write_summary([eager, ours], tmp_path / "summary.md").read_text()
+    assert "Forward+backward with steps issued back to back" in text
+    assert "| 8x1000 | forward+backward | 0.10 | 0.20 | 2.00x |" in text
+    plain = [dataclasses.replace(r, host_us=math.nan) for r in (eager, ours)]
+    assert all("back to back" not in line for line in bench.misses(plain))
+    assert "back to back" not in bench.write_summary(plain, tmp_path / "plain.md").read_text()
+
+
 def test_plots_are_png_files(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
     """write_plots draws one non-empty PNG per op."""
     paths = bench.write_plots(interpreted, tmp_path)
@@ -450,6 +478,8 @@ def test_gpu_run_measures_bandwidth_memory_and_host_cost(tmp_path: Path) -> None
     assert rows[0].copy_gbps > 500 and "do_bench" in rows[0].timer and rows[0].gpu != "cpu"
     assert all(r.peak_mib >= 0 for r in rows if r.status == "ok")
     assert all(r.host_us > 0 for r in rows if r.status == "ok" and r.shape == "64x4096")
-    assert all(math.isnan(r.host_us) for r in rows if r.shape == "4096x4096")
+    bandwidth = [r for r in rows if r.shape == "4096x4096" and r.status == "ok"]
+    assert all(math.isnan(r.host_us) for r in bandwidth if r.direction == "forward")
+    assert all(r.host_us > 0 for r in bandwidth if r.direction == "forward+backward"), "the steady state"
     assert any(r.impl.startswith("triton:") for r in rows)
     bench.write_summary(rows, tmp_path / "summary.md")

@@ -508,6 +508,9 @@ class _Runner:
                 try:
                     if regime == "latency":
                         result["host_us"] = _host_us(step, device, self.timing.host_calls)
+                    elif direction == FORWARD_BACKWARD and device.type == "cuda":
+                        # The steady state of a training loop, reported beside the do_bench time.
+                        result["host_us"] = _host_us(step, device, max(1, self.timing.host_calls // 4))
                     result["peak_mib"] = _peak_mib(step, device)
                 except Exception as err:
                     result["note"] = f"{result['note']}; host cost or memory not measured: {type(err).__name__}: {err}"

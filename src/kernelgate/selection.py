@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kernelgate.compile_ahead import compile_ahead, default_workers
+from kernelgate.compile_ahead import Outcome, compile_ahead, default_workers
 from kernelgate.config import Config, config_label
 from kernelgate.dispatch import Reason
 from kernelgate.launch import Unsupported, call_state
@@ -184,7 +184,7 @@ def time_us(fn: Callable[[], object], device: torch.device, *, screen: bool = Fa
     return statistics.median(times)
 
 
-def _compile_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> None:
+def _compile_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> Outcome:
     """Compile every candidate's kernels in parallel worker processes before the gate runs them."""
     workers = settings().compile_workers
     launches = [
@@ -192,7 +192,7 @@ def _compile_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonI
         for impl in impls
         for config in impl.candidate_configs(values)
     ]
-    compile_ahead(launches, default_workers() if workers is None else workers)
+    return compile_ahead(launches, default_workers() if workers is None else workers)
 
 
 def _time_passing(
@@ -233,8 +233,9 @@ def tune(
     """Gate and time every candidate; return the cache entry describing the winners, and the results."""
     reduction = op.reduction_length(*values)
     expected = op.reference(*clone_args(values, op.mutated_positions))
-    if device.type != "cpu" and not interpret:
-        _compile_candidates(op, values, impls)
+    started = time.perf_counter()
+    ahead = _compile_candidates(op, values, impls) if device.type != "cpu" and not interpret else None
+    compiled = time.perf_counter()
     results: list[CandidateResult] = []
     passed: list[tuple[TritonImpl, Config | None, tuple[Any, ...]]] = []
     unsupported: Unsupported | None = None
@@ -257,6 +258,7 @@ def tune(
                 results.append(CandidateResult(impl.name, config, "mismatch", detail=str(mismatch)))
                 continue
             passed.append((impl, config, args))
+    gated = time.perf_counter()
     results += _time_passing(passed, device, interpret)
     if unsupported is not None and not any(r.verdict == "pass" for r in results):
         raise unsupported  # a limit of these exact inputs (not of the bucket): nothing is cached
@@ -299,6 +301,15 @@ def tune(
             r.label: round(r.time_us, 2) if r.time_us is not None else f"{r.verdict}: {r.detail}"[:300] for r in results
         },
         "source": "tuned",
+        # Where the tuning time went: compiling ahead (with how many of its kernels the workers
+        # built), running each candidate once against the reference (loading, or compiling what
+        # was not built ahead), and timing (the passing candidates and the reference).
+        "seconds": {
+            "compile_ahead": round(compiled - started, 3),
+            "compiled_ahead": f"{ahead.compiled}/{ahead.jobs}" if ahead is not None else "off",
+            "gate": round(gated - compiled, 3),
+            "timing": round(time.perf_counter() - gated, 3),
+        },
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     return entry, results

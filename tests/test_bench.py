@@ -243,6 +243,25 @@ def test_run_rows_carry_bytes_regime_and_provenance(interpreted: list[bench.Benc
     assert len({r.started for r in interpreted}) == 1
 
 
+def test_kernelgate_first_forward_call_includes_planning_and_the_summary_sums_first_calls(
+    interpreted: list[bench.BenchRow], tmp_path: Path
+) -> None:
+    """kernelgate's forward first_call_ms includes planning its bucket (the note's "planned in N ms");
+    summary.md adds the first calls up per op and implementation."""
+    for r in interpreted:
+        if r.impl == "kernelgate" and r.direction == "forward":
+            match = re.search(r"planned in (\d+) ms", r.note)
+            assert match is not None and r.first_call_ms >= int(match.group(1)) - 1, (r.first_call_ms, r.note)
+    text = bench.write_summary(interpreted, tmp_path / "summary.md").read_text()
+    first = text.split("## First calls")[1].split("## Targets missed")[0]
+    assert "| op | eager | compile | kernelgate | kernelgate, forward+backward | triton:* | total |" in first
+    [row] = [line for line in first.splitlines() if line.startswith("| softmax |")]
+    cells = [float(c) for c in row.strip("|").split("|")[1:]]
+    assert cells[-1] == pytest.approx(sum(cells[:-1]), abs=0.3), "the total is the sum of its columns"
+    expected = sum(r.first_call_ms for r in interpreted if r.op == "softmax" and not math.isnan(r.first_call_ms))
+    assert cells[-1] == pytest.approx(expected / 1e3, abs=0.1)
+
+
 def test_csv_schema_round_trip(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
     """The CSV's header is the BenchRow schema (version first); reading and writing it again changes nothing."""
     path = bench.write_csv(interpreted, tmp_path / "bench.csv")

@@ -81,7 +81,8 @@ class BenchRow:
         bytes, byte_formula: the minimal bytes moved, and how they are counted.
         gbps, frac_of_copy: ``bytes / time``, and that over the run's copy bandwidth.
         peak_mib: peak memory allocated during one call, above what was allocated before it.
-        first_call_ms: the first call's time (compilation, tuning, Triton JIT).
+        first_call_ms: the first call's time (compilation, tuning, Triton JIT); kernelgate's
+            forward includes planning its bucket, which tunes it when new.
         note: the implementation kernelgate chose, a tuned config, or why a row was skipped.
     """
 
@@ -335,6 +336,35 @@ def _steady_table(entries: Sequence[tuple[str, str, dict[str, BenchRow]]], impls
     return [*lines, ""]
 
 
+def _first_calls(rows: Sequence[BenchRow]) -> list[str]:
+    """Seconds of first calls per op and implementation: compiling and tuning, the run's fixed cost."""
+    seconds: dict[str, dict[str, float]] = {}
+    for r in rows:
+        if not math.isnan(r.first_call_ms):
+            by_impl = seconds.setdefault(r.op, {})
+            name = "triton:*" if r.impl.startswith("triton:") else r.impl
+            if r.impl == "kernelgate" and r.direction == FORWARD_BACKWARD:
+                name = "kernelgate, forward+backward"
+            by_impl[name] = by_impl.get(name, 0.0) + r.first_call_ms / 1e3
+    if not seconds:
+        return []
+    names = _impl_order({n for by_impl in seconds.values() for n in by_impl})
+    lines = [
+        "## First calls",
+        "",
+        "Seconds spent in first calls, summed over the op's shapes, dtypes and directions: torch.compile "
+        "compiling, kernelgate planning (tuning a new bucket; its forward+backward column is the backward's "
+        "buckets), Triton compiling. This is most of a run's time beyond the measurements.",
+        "",
+        "| op | " + " | ".join(names) + " | total |",
+        "| --- | " + " | ".join("---:" for _ in names) + " | ---: |",
+    ]
+    for op, by_impl in seconds.items():
+        cells = [f"{by_impl[n]:.1f}" if n in by_impl else "" for n in names]
+        lines.append(f"| {op} | " + " | ".join(cells) + f" | {sum(by_impl.values()):.1f} |")
+    return [*lines, ""]
+
+
 def write_summary(rows: Sequence[BenchRow], path: Path, targets: Targets = TARGETS) -> Path:
     """Write a markdown summary: per op and dtype, fractions of copy bandwidth, latencies, missed targets."""
     lines = ["# kernelgate bench", ""]
@@ -389,6 +419,7 @@ def write_summary(rows: Sequence[BenchRow], path: Path, targets: Targets = TARGE
             lines.append("")
             if regime == "bandwidth":
                 lines += _steady_table(selected, impls)
+    lines += _first_calls(rows)
     missed = misses(rows, targets)
     lines += [
         "## Targets missed",

@@ -54,7 +54,11 @@ _collecting = _Collecting()
 
 
 def default_workers() -> int:
-    """Workers used when ``KERNELGATE_COMPILE_WORKERS`` is not set: the CPUs this process may use, at most 16."""
+    """Workers used when ``KERNELGATE_COMPILE_WORKERS`` is not set: the CPUs this process may use, at most 16.
+
+    >>> 1 <= default_workers() <= 16
+    True
+    """
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -63,7 +67,11 @@ def default_workers() -> int:
 
 
 def is_collecting() -> bool:
-    """Whether launches on this thread only collect compile jobs (see :func:`collect_jobs`)."""
+    """Whether launches on this thread only collect compile jobs (see :func:`collect_jobs`).
+
+    >>> is_collecting()
+    False
+    """
     return _collecting.jobs is not None
 
 

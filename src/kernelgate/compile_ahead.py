@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, NamedTuple
 
+from kernelgate.launch import call_state
+
 __all__ = ["CompileJob", "collect_jobs", "compile_ahead", "default_workers", "shutdown"]
 
 # Workers left idle this long are stopped; the next tuning starts new ones.
@@ -46,13 +48,6 @@ class CompileJob(NamedTuple):
     specialization: str  # JSON, as Triton's compile hook serialises it (``JITFunction.preload`` reads it)
 
 
-class _Collecting(threading.local):
-    jobs: list[CompileJob] | None = None
-
-
-_collecting = _Collecting()
-
-
 def default_workers() -> int:
     """Workers used when ``KERNELGATE_COMPILE_WORKERS`` is not set: the CPUs this process may use, at most 16.
 
@@ -66,18 +61,9 @@ def default_workers() -> int:
     return max(0, min(16, cpus))
 
 
-def is_collecting() -> bool:
-    """Whether launches on this thread only collect compile jobs (see :func:`collect_jobs`).
-
-    >>> is_collecting()
-    False
-    """
-    return _collecting.jobs is not None
-
-
 def _compile_hook(previous: Callable[..., Any] | None) -> Callable[..., Any]:
     def hook(**kwargs: Any) -> Any:
-        jobs = _collecting.jobs
+        jobs = call_state.collect
         if jobs is None:  # another thread compiling, or not collecting: Triton as usual
             return previous(**kwargs) if previous is not None else None
         info, compile_args = kwargs.get("fn"), kwargs.get("compile") or {}
@@ -105,11 +91,11 @@ def collect_jobs() -> Iterator[list[CompileJob]]:
     previous = runtime.jit_cache_hook
     jobs: list[CompileJob] = []
     runtime.jit_cache_hook = _compile_hook(previous)
-    _collecting.jobs = jobs
+    call_state.collect = jobs
     try:
         yield jobs
     finally:
-        _collecting.jobs = None
+        call_state.collect = None
         runtime.jit_cache_hook = previous
 
 

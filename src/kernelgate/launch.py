@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 import torch
 
 from kernelgate import backend
-from kernelgate.compile_ahead import is_collecting
 
 __all__ = [
     "LazyKernel",
@@ -80,6 +79,8 @@ class _CallState(threading.local):
 
     interpret: bool = False
     poison: bool = False
+    # While compile_ahead collects: launches only bind their arguments, and compile jobs land here.
+    collect: list[Any] | None = None
     launches: list[tuple[str, tuple[int, ...], dict[str, Any]]] | None = None
     notes: list[str] | None = None
 
@@ -125,7 +126,7 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
         state.launches.append((getattr(kernel, "__name__", repr(kernel)), grid, meta))
     if state.interpret:
         backend.launch_interpreted(kernel, grid, args, meta)
-    elif is_collecting():
+    elif state.collect is not None:
         backend.warm_compiled(kernel, grid, args, meta)
     else:
         backend.launch_compiled(kernel, grid, args, meta)

@@ -1,25 +1,25 @@
 """Typed settings, read strictly from ``KERNELGATE_*`` environment variables.
 
-============================  ==============================================  ====================
-variable                      meaning                                         default
-============================  ==============================================  ====================
-``KERNELGATE_MODE``           ``auto``, ``reference``, ``triton`` or          ``auto``
-                              ``check`` (auto, compared with the reference)
-``KERNELGATE_INTERPRET``      run Triton kernels through Triton's             ``0``
-                              interpreter (CPU tensors, pdb-steppable)
-``KERNELGATE_LOG``            path of the CSV launch log; empty: off          off
-``KERNELGATE_WARN``           warn once per (op, fallback reason)             ``1``
-``KERNELGATE_TUNE``           ``on``: time candidates for a new shape          ``on``
-                              bucket; ``off``: never time at run time
-``KERNELGATE_TUNE_MARGIN``    how much faster than the reference a Triton     ``0.05``
-                              candidate must be to replace it (0.05 = 5 %)
-``KERNELGATE_CACHE_DIR``      where tuning decisions are kept                 user cache directory
-``KERNELGATE_CHECK_EVERY``    in check mode, compare 1 call in N              ``1``
-``KERNELGATE_CHECK_ACTION``   on a check mismatch: ``raise``, or ``demote``   ``raise``
-                              (warn, and use the reference from then on)
+==============================  ==============================================  ====================
+variable                        meaning                                         default
+==============================  ==============================================  ====================
+``KERNELGATE_MODE``             ``auto``, ``reference``, ``triton`` or          ``auto``
+                                ``check`` (auto, compared with the reference)
+``KERNELGATE_INTERPRET``        run Triton kernels through Triton's             ``0``
+                                interpreter (CPU tensors, pdb-steppable)
+``KERNELGATE_LOG``              path of the CSV launch log; empty: off          off
+``KERNELGATE_WARN``             warn once per (op, fallback reason)             ``1``
+``KERNELGATE_TUNE``             ``on``: time candidates for a new shape          ``on``
+                                bucket; ``off``: never time at run time
+``KERNELGATE_TUNE_MARGIN``      how much faster than the reference a Triton     ``0.05``
+                                candidate must be to replace it (0.05 = 5 %)
+``KERNELGATE_CACHE_DIR``        where tuning decisions are kept                 user cache directory
+``KERNELGATE_CHECK_EVERY``      in check mode, compare 1 call in N              ``1``
+``KERNELGATE_CHECK_ACTION``     on a check mismatch: ``raise``, or ``demote``   ``raise``
+                                (warn, and use the reference from then on)
 ``KERNELGATE_COMPILE_WORKERS``  processes compiling a new bucket's candidates  CPUs, at most 16
-                              in parallel; 0: compile in the process only
-============================  ==============================================  ====================
+                                in parallel; 0: compile in the process only
+==============================  ==============================================  ====================
 
 The environment is read once, on first use; :func:`configure` changes settings for the process
 and :func:`reload_settings` reads the environment again.

@@ -103,6 +103,21 @@ def test_a_job_that_fails_in_a_worker_is_reported_and_the_pool_goes_on(triton_ca
     assert results[1] is None
 
 
+def test_workers_that_cannot_start_turn_compiling_ahead_off(
+    triton_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When every worker of a batch dies (here: an interpreter that exits at once), the process stops
+    starting workers: later buckets compile in the process, without the cost of failed starts."""
+    # A configuration no other test compiles, so this process has not built it yet.
+    launches = _softmax_launches("cuda" if torch.cuda.is_available() else "cpu", [32], [2])
+    monkeypatch.setattr(compile_ahead, "_pool", compile_ahead._Pool())
+    monkeypatch.setattr(compile_ahead.sys, "executable", "/bin/false")
+    first = compile_ahead.compile_ahead(launches, workers=2)
+    assert (first.jobs, first.compiled) == (1, 0)
+    assert compile_ahead._pool.broken is not None and compile_ahead._pool.broken.startswith("worker ")
+    assert compile_ahead.compile_ahead(launches, workers=2) == compile_ahead.Outcome(0, 0, 0.0)
+
+
 def test_no_workers_compiles_nothing_ahead(triton_cache: Path) -> None:
     outcome = compile_ahead.compile_ahead(_softmax_launches("cpu", [1], [1]), workers=0)
     assert outcome == compile_ahead.Outcome(0, 0, 0.0)

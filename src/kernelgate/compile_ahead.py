@@ -148,6 +148,9 @@ class _Pool:
         self.target: tuple[Any, ...] | None = None
         self.idle: list[_Worker] = []
         self.timer: threading.Timer | None = None
+        # Why workers cannot run in this process (every one of a batch died), once that is known:
+        # compiling ahead then stops, instead of starting new workers for every bucket.
+        self.broken: str | None = None
 
     def run(self, target: tuple[Any, ...], jobs: Sequence[CompileJob], workers: int) -> list[str | None]:
         with self.lock:
@@ -188,6 +191,8 @@ class _Pool:
             self.timer = threading.Timer(IDLE_STOP_S, self.stop)
             self.timer.daemon = True
             self.timer.start()
+        if results and all(r is not None and r.startswith("worker ") for r in results):
+            self.broken = results[0]
         return results
 
     def _stop_all(self) -> None:
@@ -227,7 +232,7 @@ def compile_ahead(launches: Sequence[Callable[[], object]], workers: int) -> Out
     ignored here (the gate meets them again, and reports them).
     """
     start = time.monotonic()
-    if workers <= 0:
+    if workers <= 0 or _pool.broken is not None:
         return Outcome(0, 0, 0.0)
     from triton.runtime.driver import driver
 

@@ -456,6 +456,24 @@ def test_cli_without_matplotlib_says_how_to_plot_later(
     assert sorted(p.name for p in out.iterdir()) == ["bench.csv", "summary.md"]
 
 
+def test_a_time_limit_stops_starting_cases_and_the_rest_are_listed(tmp_path: Path) -> None:
+    """With a time limit that has passed before the first case, no case runs: each gets one skipped row saying
+    why, and the summary lists them under "Not measured"; a limit that does not pass changes nothing."""
+    kwargs: dict[str, Any] = {"suite": TINY, "device": "cpu", "backward": False, "compile": False, "cpu_repeats": 1}
+    stopped = bench.run(["softmax"], time_limit_s=1e-9, **kwargs)
+    assert [(r.shape, r.status, r.impl) for r in stopped] == [
+        ("4x1000", "skipped", "kernelgate"),
+        ("2x1000", "skipped", "kernelgate"),
+    ]
+    assert all(r.note == "not measured: the run's time limit passed" for r in stopped)
+    text = bench.write_summary(stopped, tmp_path / "summary.md").read_text()
+    assert "softmax float32 4x1000 forward kernelgate: skipped: not measured: the run's time limit passed" in text
+    measured = bench.run(["softmax"], time_limit_s=3600, **kwargs)
+    assert {r.status for r in measured} == {"ok"} and {r.shape for r in measured} == {"4x1000", "2x1000"}
+    with pytest.raises(bench.BenchError, match=r"time_limit_s must be > 0 seconds; got 0"):
+        bench.run(["softmax"], time_limit_s=0, **kwargs)
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [

@@ -366,6 +366,7 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
                 repeats=args.repeats,
                 host_calls=args.host_calls,
                 latency_bytes=int(args.latency_mib * 2**20),
+                time_limit_s=args.time_limit,
                 console=console,
                 on_progress=lambda so_far: bench.write_csv(so_far, out / "bench.csv"),  # kept if interrupted
             )
@@ -430,6 +431,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=1, help="interleaved rounds per measurement (median)")
     bench.add_argument("--host-calls", type=int, default=None, help="calls per host-cost measurement")
     bench.add_argument("--latency-mib", type=float, default=16.0, help="inputs below this are latency shapes")
+    bench.add_argument(
+        "--time-limit", type=float, metavar="S", help="start no case after S seconds (the rest: skipped rows)"
+    )
     bench.add_argument("--interpret", action="store_true", help="run Triton kernels interpreted on the CPU")
     return parser
 

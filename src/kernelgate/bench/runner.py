@@ -362,6 +362,7 @@ class _Runner:
         compile_backend: str | Callable[..., Any],
         liger: bool,
         interpret: bool,
+        deadline: float | None = None,
     ) -> None:
         self.device = device
         self.timing = timing
@@ -375,6 +376,7 @@ class _Runner:
         # Liger-Kernel launches compiled Triton kernels: it runs on GPUs only.
         self.liger_version = provenance.liger_version if liger and device.type == "cuda" else ""
         self.interpret = interpret
+        self.deadline = deadline  # time.monotonic() after which no case starts
 
     def op_rows(
         self, spec: BenchSpec, cases: Sequence[tuple[str, Case]], on_case: Callable[[], None]
@@ -386,6 +388,11 @@ class _Runner:
             compiled = torch.compile(op.reference, dynamic=False, backend=self.compile_backend)
         rows: list[BenchRow] = []
         for dtype, case in cases:
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                note = "not measured: the run's time limit passed"
+                rows.append(self.unmeasured_case(spec, dtype, case, "skipped", note))
+                on_case()
+                continue
             try:
                 case_rows, failure = self.case_rows(spec, op, compiled, compile_failure, dtype, case)
             except Exception as err:  # e.g. out of memory making the inputs: one row says so, the run goes on
@@ -553,6 +560,11 @@ class _Runner:
 
     def failed_case(self, spec: BenchSpec, dtype: str, case: Case, err: Exception) -> BenchRow:
         """The row of a case that could not be measured at all."""
+        note = f"the case could not be measured: {type(err).__name__}: {err}".replace("\n", " ")[:400]
+        return self.unmeasured_case(spec, dtype, case, "error", note)
+
+    def unmeasured_case(self, spec: BenchSpec, dtype: str, case: Case, status: str, note: str) -> BenchRow:
+        """One row standing for a case that was not measured, with why."""
         rows_n, length = spec.rows_and_length(case.shape)
         return BenchRow(
             op=spec.op,
@@ -564,7 +576,7 @@ class _Runner:
             target_bytes=case.target_bytes,
             direction=FORWARD,
             impl="kernelgate",
-            status="error",
+            status=status,
             time_us=math.nan,
             host_us=math.nan,
             bytes=0,
@@ -573,7 +585,7 @@ class _Runner:
             frac_of_copy=math.nan,
             peak_mib=math.nan,
             first_call_ms=math.nan,
-            note=f"the case could not be measured: {type(err).__name__}: {err}".replace("\n", " ")[:400],
+            note=note,
             **dataclasses.asdict(self.provenance),
         )
 
@@ -600,6 +612,7 @@ def run(
     cpu_repeats: int = 5,
     host_calls: int | None = None,
     latency_bytes: int = LATENCY_BYTES,
+    time_limit_s: float | None = None,
     console: Console | None = None,
     on_progress: Callable[[list[BenchRow]], object] | None = None,
 ) -> list[BenchRow]:
@@ -622,6 +635,8 @@ def run(
         host_calls: calls per host-cost measurement (latency shapes); default 200 on a GPU, 10 elsewhere.
         latency_bytes: shapes whose inputs total fewer bytes are the latency regime (host cost
             measured, no bandwidth target); default 16 MiB.
+        time_limit_s: no case starts after this many seconds from the start of the run; the cases
+            left get one ``skipped`` row each (the summary lists them). Default: no limit.
         console: where progress and a table per op and dtype are printed; ``None``: silent.
         on_progress: called with every row so far after each op (to save partial results).
 
@@ -645,6 +660,9 @@ def run(
     counts = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "repeats": repeats, "cpu_repeats": cpu_repeats}
     if host_calls is not None:
         counts["host_calls"] = host_calls
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise BenchError(f"time_limit_s must be > 0 seconds; got {time_limit_s}.")
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     for name, value in counts.items():
         if value < 1:
             raise BenchError(f"{name} must be >= 1; got {value}.")
@@ -693,6 +711,7 @@ def run(
             compile_backend=compile_backend,
             liger=liger,
             interpret=interpret,
+            deadline=deadline,
         )
         if console is not None:
             console.print(

@@ -441,6 +441,27 @@ def test_cli_writes_csv_summary_and_plots(
     assert (again / "summary.md").read_text() == (out / "summary.md").read_text()
 
 
+def test_cli_resume_measures_only_what_the_folder_lacks(
+    cli_suite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--resume keeps the cases OUT/bench.csv holds and measures the rest, including those a time limit skipped;
+    with nothing left, the CSV stays as it was."""
+    monkeypatch.setenv("COLUMNS", "200")
+    out = tmp_path / "out"
+    argv = ["bench", "--suite", str(cli_suite), "--op", "rms_norm", "--no-compile", "--no-backward", "--out", str(out)]
+    main([*argv, "--dtype", "float32", "--time-limit", "1e-9"])
+    csv = out / "bench.csv"
+    assert {(r.shape, r.status) for r in bench.read_csv(csv)} == {("32x64", "skipped"), ("8x256", "skipped")}
+    main([*argv, "--dtype", "float32", "--resume"])
+    measured = bench.read_csv(csv)
+    assert {r.status for r in measured} == {"ok"} and {r.shape for r in measured} == {"32x64", "8x256"}
+    before = csv.read_text()
+    main([*argv, "--dtype", "float32", "--resume"])
+    assert csv.read_text() == before, "nothing left to measure"
+    main([*argv, "--dtype", "float32"])
+    assert csv.read_text() != before, "without --resume the folder is measured afresh"
+
+
 def test_cli_without_matplotlib_says_how_to_plot_later(
     cli_suite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

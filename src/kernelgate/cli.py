@@ -351,7 +351,11 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
         else:
             out = args.out or Path("kernelgate-bench")
             out.mkdir(parents=True, exist_ok=True)
-            rows = bench.run(
+            # --resume: the cases an earlier run in this folder measured are kept, not measured again.
+            earlier = bench.read_csv(out / "bench.csv") if args.resume and (out / "bench.csv").exists() else []
+            done = {(r.op, r.dtype, r.shape) for r in earlier if r.note != bench.TIME_LIMIT_NOTE}
+            earlier = [r for r in earlier if (r.op, r.dtype, r.shape) in done]
+            rows = earlier + bench.run(
                 args.op or None,
                 args.dtype or None,
                 suite=args.suite,
@@ -367,8 +371,9 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
                 host_calls=args.host_calls,
                 latency_bytes=int(args.latency_mib * 2**20),
                 time_limit_s=args.time_limit,
+                skip=done,
                 console=console,
-                on_progress=lambda so_far: bench.write_csv(so_far, out / "bench.csv"),  # kept if interrupted
+                on_progress=lambda so_far: bench.write_csv(earlier + so_far, out / "bench.csv"),  # kept if interrupted
             )
             console.print(f"results: {bench.write_csv(rows, out / 'bench.csv')}")
     except (bench.BenchError, OSError) as err:
@@ -433,6 +438,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--latency-mib", type=float, default=16.0, help="inputs below this are latency shapes")
     bench.add_argument(
         "--time-limit", type=float, metavar="S", help="start no case after S seconds (the rest: skipped rows)"
+    )
+    bench.add_argument(
+        "--resume", action="store_true", help="keep the cases OUT/bench.csv already holds; measure only the rest"
     )
     bench.add_argument("--interpret", action="store_true", help="run Triton kernels interpreted on the CPU")
     return parser

@@ -28,7 +28,7 @@ from kernelgate.bench.report import (
     write_plots,
     write_summary,
 )
-from kernelgate.bench.runner import resolve_ops, run
+from kernelgate.bench.runner import TIME_LIMIT_NOTE, resolve_ops, run
 from kernelgate.bench.specs import SPECS, BenchSpec, Bytes, bench_specs, spec_for
 from kernelgate.bench.suite import (
     DEFAULT_SUITE_PATH,
@@ -48,6 +48,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SPECS",
     "TARGETS",
+    "TIME_LIMIT_NOTE",
     "BenchError",
     "BenchRow",
     "BenchSpec",

@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from kernelgate.op import Op, TritonImpl, get_op, registered_ops
 from kernelgate.selection import CandidateResult, run_candidate
 from kernelgate.settings import configure, settings
 
-__all__ = ["resolve_ops", "run"]
+__all__ = ["TIME_LIMIT_NOTE", "resolve_ops", "run"]
 
 LATENCY_BYTES = 16 * 2**20  # inputs below this are timed for host cost too: noise hides bandwidth there
 GPU_COPY_BYTES = 2 * 2**30
@@ -54,6 +54,8 @@ CPU_COPY_BYTES = 16 * 2**20
 GPU_HOST_CALLS = 200  # enough for a stable mean; 2000 took seconds per forward+backward step
 CPU_HOST_CALLS = 10
 SEED = 0
+# The note of a case that a run's time limit left unmeasured (``--resume`` measures these again).
+TIME_LIMIT_NOTE = "not measured: the run's time limit passed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,8 +391,7 @@ class _Runner:
         rows: list[BenchRow] = []
         for dtype, case in cases:
             if self.deadline is not None and time.monotonic() > self.deadline:
-                note = "not measured: the run's time limit passed"
-                rows.append(self.unmeasured_case(spec, dtype, case, "skipped", note))
+                rows.append(self.unmeasured_case(spec, dtype, case, "skipped", TIME_LIMIT_NOTE))
                 on_case()
                 continue
             try:
@@ -613,6 +614,7 @@ def run(
     host_calls: int | None = None,
     latency_bytes: int = LATENCY_BYTES,
     time_limit_s: float | None = None,
+    skip: Collection[tuple[str, str, str]] = (),
     console: Console | None = None,
     on_progress: Callable[[list[BenchRow]], object] | None = None,
 ) -> list[BenchRow]:
@@ -637,6 +639,8 @@ def run(
             measured, no bandwidth target); default 16 MiB.
         time_limit_s: no case starts after this many seconds from the start of the run; the cases
             left get one ``skipped`` row each (the summary lists them). Default: no limit.
+        skip: ``(op, dtype, shape)`` cases not to measure (``shape`` as in the CSV, ``"16384x4096"``),
+            such as those an earlier run already measured.
         console: where progress and a table per op and dtype are printed; ``None``: silent.
         on_progress: called with every row so far after each op (to save partial results).
 
@@ -673,9 +677,15 @@ def run(
         device = torch.device("cuda", torch.cuda.current_device())
     if host_calls is None:
         host_calls = GPU_HOST_CALLS if device.type == "cuda" else CPU_HOST_CALLS
-    plan = [
+    todo = [
         (spec, [(d, c) for d in chosen_dtypes for c in chosen_suite.cases(spec.op, spec.family, spec.dims, d)])
         for spec in specs
+    ]
+    done = set(skip)
+    plan = [
+        (spec, kept)
+        for spec, cases in todo
+        if (kept := [(d, c) for d, c in cases if (spec.op, d, "x".join(map(str, c.shape))) not in done])
     ]
     timing = _Timing(warmup_ms, rep_ms, cpu_repeats, repeats, host_calls, latency_bytes)
     if device.type == "cuda":

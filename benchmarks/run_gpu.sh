@@ -2,7 +2,9 @@
 # On a GPU machine, in two parts that each fit one call:
 #   benchmarks/run_gpu.sh tests OUT   the test suite with the kernels compiled (8 workers), doctor,
 #                                     demo, tune, a second demo on the warm cache, overhead, memory
-#   benchmarks/run_gpu.sh bench OUT   `kernelgate bench` over the default suite (QUICK=1: --quick)
+#   benchmarks/run_gpu.sh bench OUT   `kernelgate bench` over the default suite (QUICK=1: --quick), starting
+#                                     no case after TIME_LIMIT seconds (default 540, so one call fits 10
+#                                     minutes); RESUME=path/to/bench.csv continues that run (--resume)
 # Everything is written under OUT (default ./gpu-out), then packed into OUT.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +28,10 @@ if [ "$part" = tests ]; then
   python3 benchmarks/memory.py --out "$out/memory.json" > "$out/memory.txt" 2>&1
   tail -n 12 "$out/demo-warm.txt"; cat "$out/overhead.txt" "$out/memory.txt"
 elif [ "$part" = bench ]; then
-  ( time python3 -m kernelgate bench ${QUICK:+--quick} --out "$out/bench" ${BENCH_ARGS:-} ) > "$out/bench.txt" 2>&1
+  mkdir -p "$out/bench"
+  if [ -n "${RESUME:-}" ]; then cp "$RESUME" "$out/bench/bench.csv"; fi
+  ( time python3 -m kernelgate bench ${QUICK:+--quick} ${RESUME:+--resume} --time-limit "${TIME_LIMIT:-540}" \
+      --out "$out/bench" ${BENCH_ARGS:-} ) > "$out/bench.txt" 2>&1
   tail -n 60 "$out/bench.txt"
 else
   echo "usage: benchmarks/run_gpu.sh tests|bench [OUT]" >&2; exit 2

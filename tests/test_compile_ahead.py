@@ -118,6 +118,16 @@ def test_workers_that_cannot_start_turn_compiling_ahead_off(
     assert compile_ahead.compile_ahead(launches, workers=2) == compile_ahead.Outcome(0, 0, 0.0)
 
 
+def test_a_worker_that_cannot_be_started_is_no_error(triton_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interpreter path that does not exist makes compiling ahead a no-op with a reason, never an exception."""
+    launches = _softmax_launches("cuda" if torch.cuda.is_available() else "cpu", [64], [2])
+    monkeypatch.setattr(compile_ahead, "_pool", compile_ahead._Pool())
+    monkeypatch.setattr(compile_ahead.sys, "executable", str(triton_cache / "no-such-python"))
+    outcome = compile_ahead.compile_ahead(launches, workers=2)
+    assert (outcome.jobs, outcome.compiled) == (1, 0)
+    assert compile_ahead._pool.broken is not None and compile_ahead._pool.broken.startswith("worker could not start")
+
+
 def test_no_workers_compiles_nothing_ahead(triton_cache: Path) -> None:
     outcome = compile_ahead.compile_ahead(_softmax_launches("cpu", [1], [1]), workers=0)
     assert outcome == compile_ahead.Outcome(0, 0, 0.0)

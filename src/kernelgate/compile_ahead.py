@@ -161,10 +161,16 @@ class _Pool:
                 self.target = target
             taken = self.idle[:workers]
             del self.idle[:workers]
-        while len(taken) < min(workers, len(jobs)):
-            taken.append(_Worker(target))
-        queue = list(enumerate(jobs))
         results: list[str | None] = ["not compiled"] * len(jobs)
+        while len(taken) < min(workers, len(jobs)):
+            try:
+                taken.append(_Worker(target))
+            except OSError as err:  # no interpreter to start: the gate compiles everything itself
+                self.broken = f"worker could not start: {err}"
+                break
+        if not taken:
+            return results
+        queue = list(enumerate(jobs))
         queue_lock = threading.Lock()
 
         def drain(worker: _Worker) -> None:

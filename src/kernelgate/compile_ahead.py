@@ -32,7 +32,7 @@ from typing import IO, Any, NamedTuple
 
 from kernelgate.launch import call_state
 
-__all__ = ["CompileJob", "collect_jobs", "compile_ahead", "default_workers", "shutdown"]
+__all__ = ["CompileJob", "Outcome", "collect_jobs", "compile_ahead", "default_workers", "shutdown"]
 
 # Workers left idle this long are stopped; the next tuning starts new ones.
 IDLE_STOP_S = 60.0

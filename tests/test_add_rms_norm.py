@@ -12,11 +12,12 @@ import kernelgate
 from kernelgate.op import Op
 from kernelgate.ops.add_rms_norm import add_rms_norm, add_rms_norm_backward
 from kernelgate.ops.rms_norm import rms_norm, rms_norm_backward
+from kernelgate.rowwise import MAX_SINGLE_BLOCK_FORWARD
 from kernelgate.tolerance import assert_close, assert_no_worse
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # 1, odd and prime row lengths, leading dims, and a row longer than one block (looped kernels).
-ROW_SHAPES = [(1,), (3, 1), (5, 17), (2, 3, 31), (7, 509), (2, 20000)]
+ROW_SHAPES = [(1,), (3, 1), (5, 17), (2, 3, 31), (7, 509), (2, MAX_SINGLE_BLOCK_FORWARD + 65)]
 EPS = 1e-5
 
 
@@ -51,7 +52,7 @@ def test_forward_matches_torch(
     w = _randn(shape[-1:], dtype, target, seed=2) if with_weight else None
     plan = add_rms_norm.plan(x, residual, w, EPS)
     assert plan.path in ("triton", "interpreter"), plan
-    assert plan.name == ("looped" if shape[-1] > 16384 else "single_block")
+    assert plan.name == ("looped" if shape[-1] > MAX_SINGLE_BLOCK_FORWARD else "single_block")
     _assert_forward(x, residual, w)
 
 

@@ -12,7 +12,7 @@ import torch
 
 import kernelgate
 from every_config import check_every_config
-from kernelgate.rowwise import MAX_SINGLE_BLOCK
+from kernelgate.rowwise import MAX_SINGLE_BLOCK, MAX_SINGLE_BLOCK_FORWARD
 from kernelgate.selection import compare, run_candidate
 
 # Every row-wise op, forward and backward: rows in one block (and a partial tile of rows), and rows
@@ -24,8 +24,17 @@ ROWWISE = [
     (kernelgate.add_rms_norm, kernelgate.add_rms_norm_backward),
     (kernelgate.layer_norm, kernelgate.layer_norm_backward),
 ]
+FORWARDS = {forward.name for forward, _ in ROWWISE}
 CASES = [(op, (3, 100)) for pair in ROWWISE for op in pair]
 CASES += [(forward, (2, 20000)) for forward, _ in ROWWISE] + [(backward, (11, 16411)) for _, backward in ROWWISE]
+CASES += [(forward, (2, MAX_SINGLE_BLOCK_FORWARD + 65)) for forward, _ in ROWWISE]
+
+
+def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
+    """single_block up to its limit (forwards go further than backwards); looped once a row exceeds 512
+    (its smallest block is 1024, and no block may be longer than the row rounded up to a power of two)."""
+    limit = MAX_SINGLE_BLOCK_FORWARD if op.name in FORWARDS else MAX_SINGLE_BLOCK
+    return ({"single_block"} if n_cols <= limit else set()) | ({"looped"} if n_cols > 512 else set())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -34,11 +43,12 @@ def test_every_config_matches_the_reference(
     target: torch.device, op: kernelgate.Op, shape: tuple[int, ...], dtype: torch.dtype
 ) -> None:
     """Each implementation that accepts the shape gives the reference's result under every configuration it keeps;
-    rows in one block run the single-block kernel, longer rows the looped one."""
+    short rows run only the single-block kernel, rows beyond its limit only the looped one, and between the two
+    both compete."""
     assert op.make_inputs is not None
     values = op.make_inputs(shape, dtype, target)
     ran = check_every_config(op, values, target.type == "cpu")
-    assert ran == ({"looped"} if shape[-1] > MAX_SINGLE_BLOCK else {"single_block"})
+    assert ran == _expected_implementations(op, shape[-1])
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(524288, 128), (131072, 512), (16384, 4096), (3, 100), (2, 3), (1, 4096)])

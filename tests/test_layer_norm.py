@@ -16,6 +16,7 @@ from kernelgate.config import Config
 from kernelgate.errors import InputTypeError, InputValueError
 from kernelgate.op import Op, TritonImpl
 from kernelgate.ops.layer_norm import layer_norm, layer_norm_backward
+from kernelgate.rowwise import MAX_SINGLE_BLOCK_FORWARD
 from kernelgate.selection import compare, run_candidate
 from kernelgate.tolerance import assert_close, assert_no_worse
 
@@ -26,7 +27,7 @@ SHAPES = [(1,), (3, 1), (5, 17), (2, 3, 31), (7, 509), (4, 1024)]
 # Which of weight and bias are given.
 AFFINE = ["weight-bias", "weight", "bias", "none"]
 # A row longer than one block (the looped kernels), kept short for the interpreter.
-LONG = (2, 20000)
+LONG = (2, MAX_SINGLE_BLOCK_FORWARD + 65)  # beyond any single block: the looped kernels, forward and backward
 # The looped kernels at a block far shorter than the row: many blocks and a ragged last one, cheaply.
 SMALL_BLOCK: Config = {"BLOCK_N": 64, "num_warps": 2}
 

@@ -31,6 +31,7 @@ __all__ = [
     "LOOPED_CONFIGS",
     "LOOPED_DEFAULT",
     "MAX_SINGLE_BLOCK",
+    "MAX_SINGLE_BLOCK_FORWARD",
     "ROW_BLOCK_CONFIGS",
     "SINGLE_BLOCK_CONFIGS",
     "along_dim_backward_impls",
@@ -55,6 +56,10 @@ __all__ = [
 
 # Rows up to this length are held in registers by one program; longer rows loop.
 MAX_SINGLE_BLOCK = 16384
+# A forward holds less per element than a backward (no gradient, no weight-gradient accumulator),
+# so its single-block kernel also competes, in tuning, with the looped one up to this length: a
+# row read once instead of twice (spilled registers make a candidate slower, never wrong).
+MAX_SINGLE_BLOCK_FORWARD = 65536
 # Elements each thread holds per block: more spills registers.
 MAX_PER_THREAD = 64
 
@@ -82,14 +87,22 @@ def single_block(n_cols: int) -> int:
     return next_power_of_2(max(n_cols, 16))
 
 
-def fits_one_block(n_cols: int) -> str | None:
-    """``None`` when a row of ``n_cols`` fits one block, else why not (for ``TritonImpl.supports``)."""
-    return None if n_cols <= MAX_SINGLE_BLOCK else f"rows of {n_cols} exceed one block of {MAX_SINGLE_BLOCK}"
+def fits_one_block(n_cols: int, limit: int = MAX_SINGLE_BLOCK) -> str | None:
+    """``None`` when a row of ``n_cols`` fits one block of at most ``limit``, else why not (``TritonImpl.supports``)."""
+    return None if n_cols <= limit else f"rows of {n_cols} exceed one block of {limit}"
+
+
+def _warps_that_fit(block: int) -> int:
+    """About 8 elements per thread, with more warps where a long block would hold too many per thread."""
+    warps = num_warps_for(block)
+    while not per_thread_ok(block, warps) and warps < 32:
+        warps *= 2
+    return warps
 
 
 def single_block_default(n_cols: int) -> Config:
     """The untuned configuration of a single-block kernel: about 8 elements per thread."""
-    return {"num_warps": num_warps_for(single_block(n_cols))}
+    return {"num_warps": _warps_that_fit(single_block(n_cols))}
 
 
 def prune_single_block(config: Config, n_cols: int) -> bool:
@@ -101,7 +114,7 @@ def row_block_default(n_cols: int, n_rows: int) -> Config:
     """The untuned configuration of a multi-row single-block kernel: a tile of about 2048 elements."""
     block = single_block(n_cols)
     rows = max(1, min(DEFAULT_ROW_TILE // block, next_power_of_2(max(n_rows, 1))))
-    return {"ROWS": rows, "num_warps": num_warps_for(rows * block)}
+    return {"ROWS": rows, "num_warps": _warps_that_fit(rows * block)}
 
 
 def prune_row_block(config: Config, n_cols: int, n_rows: int) -> bool:
@@ -159,11 +172,14 @@ def single_block_impl(
     kernel: LazyKernel,
     n_cols: Callable[..., int],
     n_rows: Callable[..., int] | None = None,
+    *,
+    max_block: int = MAX_SINGLE_BLOCK,
 ) -> TritonImpl:
     """The ``single_block`` implementation of a row-wise op; ``n_cols(*args)`` gives its row length.
 
     With ``n_rows`` (the row count of the same arguments), the kernel takes ``ROWS`` rows per
-    program and the configurations range over :data:`ROW_BLOCK_CONFIGS`.
+    program and the configurations range over :data:`ROW_BLOCK_CONFIGS`. Rows longer than
+    ``max_block`` are not supported (forwards pass :data:`MAX_SINGLE_BLOCK_FORWARD`).
     """
     default: Callable[..., Config]
     prune: Callable[..., bool]
@@ -180,7 +196,7 @@ def single_block_impl(
         "single_block",
         launcher,
         (kernel,),
-        supports=lambda *args: fits_one_block(n_cols(*args)),
+        supports=lambda *args: fits_one_block(n_cols(*args), max_block),
         configs=configs,
         default_config=default,
         prune=prune,
@@ -291,7 +307,7 @@ def along_dim_impls(single: LazyKernel, looped: LazyKernel) -> tuple[TritonImpl,
         return _run_along(x, dim, looped, config["BLOCK_N"], config)
 
     return (
-        single_block_impl(launch_single, single, _n_cols_along, _n_rows_along),
+        single_block_impl(launch_single, single, _n_cols_along, _n_rows_along, max_block=MAX_SINGLE_BLOCK_FORWARD),
         looped_impl(launch_looped, looped, _n_cols_along),
     )
 

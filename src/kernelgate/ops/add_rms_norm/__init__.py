@@ -204,6 +204,7 @@ add_rms_norm = Op(
             ADD_RMS_NORM_FWD,
             lambda x, *_: x.shape[-1],
             lambda x, *_: x.numel() // max(x.shape[-1], 1),
+            max_block=rowwise.MAX_SINGLE_BLOCK_FORWARD,
         ),
         rowwise.looped_impl(_launch_looped, ADD_RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1]),
     ),

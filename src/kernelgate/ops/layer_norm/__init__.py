@@ -311,7 +311,9 @@ layer_norm = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        rowwise.single_block_impl(_launch_single_block, LAYER_NORM_FWD, _fwd_n_cols, _fwd_n_rows),
+        rowwise.single_block_impl(
+            _launch_single_block, LAYER_NORM_FWD, _fwd_n_cols, _fwd_n_rows, max_block=rowwise.MAX_SINGLE_BLOCK_FORWARD
+        ),
         _looped_impl(_launch_looped, LAYER_NORM_FWD_LOOPED, _fwd_n_cols, FWD_LOOPED_DEFAULT, FWD_LOOPED_PER_THREAD),
     ),
     bucket=lambda x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),

@@ -157,7 +157,9 @@ rms_norm = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        rowwise.single_block_impl(_launch_single_block, RMS_NORM_FWD, _row_length, _row_count),
+        rowwise.single_block_impl(
+            _launch_single_block, RMS_NORM_FWD, _row_length, _row_count, max_block=rowwise.MAX_SINGLE_BLOCK_FORWARD
+        ),
         rowwise.looped_impl(_launch_looped, RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1]),
     ),
     bucket=_bucket,

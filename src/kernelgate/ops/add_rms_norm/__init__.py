@@ -12,10 +12,11 @@ import torch
 from kernelgate import rowwise
 from kernelgate.config import Config
 from kernelgate.contract import ScalarArg, TensorArg
-from kernelgate.launch import LazyKernel, as_rows, empty, launch
+from kernelgate.launch import LazyKernel, as_rows, empty
 from kernelgate.library import Backward
 from kernelgate.op import Op
 from kernelgate.ops.add_rms_norm.reference import add_rms_norm_backward_reference, add_rms_norm_reference
+from kernelgate.ops.rms_norm import RMS_NORM_BWD, RMS_NORM_BWD_LOOPED, run_backward
 
 __all__ = ["add_rms_norm", "add_rms_norm_backward"]
 
@@ -23,11 +24,7 @@ __all__ = ["add_rms_norm", "add_rms_norm_backward"]
 _KERNELS = "kernelgate.ops.add_rms_norm.kernels"
 ADD_RMS_NORM_FWD = LazyKernel(_KERNELS, "_add_rms_norm_fwd_kernel")
 ADD_RMS_NORM_FWD_LOOPED = LazyKernel(_KERNELS, "_add_rms_norm_fwd_looped_kernel")
-ADD_RMS_NORM_BWD = LazyKernel(_KERNELS, "_add_rms_norm_bwd_kernel")
-ADD_RMS_NORM_BWD_LOOPED = LazyKernel(_KERNELS, "_add_rms_norm_bwd_looped_kernel")
-# Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
-# sums of dweight stay small.
-BWD_PROGRAMS_PER_SM = 4
+# The backward is rms_norm's, with the gradient that reaches s directly added to dx.
 
 
 def _contiguous_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
@@ -84,37 +81,6 @@ def _make_inputs(
     return x, residual, w, 1e-6
 
 
-def _run_backward(
-    grad: torch.Tensor,
-    grad_s: torch.Tensor | None,
-    s: torch.Tensor,
-    weight: torch.Tensor | None,
-    eps: float,
-    *,
-    looped: bool,
-    block: int,
-    config: Config,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    s_rows, g_rows = as_rows(s, "s"), as_rows(grad, "grad")
-    ds_rows = as_rows(grad_s, "grad_s") if grad_s is not None else s_rows  # any pointer without HAS_DS
-    w = _contiguous_weight(weight)
-    n_rows, n_cols = s_rows.n_rows, s_rows.n_cols
-    rows_per_program, programs, meta = rowwise.row_groups(s.device, n_rows, BWD_PROGRAMS_PER_SM, config)
-    dx = empty(s.shape, dtype=s.dtype, device=s.device)
-    partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=s.device)
-    # The looped kernel keeps each row's rstd and mean(g * shat) here between its two passes.
-    stats = (torch.empty((n_rows, 2), dtype=torch.float32, device=s.device),) if looped else ()
-    launch(
-        ADD_RMS_NORM_BWD_LOOPED if looped else ADD_RMS_NORM_BWD, (programs,), g_rows.tensor, ds_rows.tensor,
-        s_rows.tensor, s_rows.tensor if w is None else w, dx, partial, *stats, g_rows.stride, ds_rows.stride,
-        s_rows.stride, n_cols, n_rows, n_cols, eps, rows_per_program,
-        HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=config["num_warps"], **meta,
-    )  # fmt: skip
-    if w is None:
-        return dx, s.new_empty(0)
-    return dx, partial.sum(dim=0).to(w.dtype)
-
-
 def _launch_backward(
     grad: torch.Tensor,
     grad_s: torch.Tensor | None,
@@ -125,7 +91,7 @@ def _launch_backward(
     config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     block = rowwise.single_block(s.shape[-1])
-    return _run_backward(grad, grad_s, s, weight, eps, looped=False, block=block, config=config)
+    return run_backward(grad, grad_s, s, weight, eps, looped=False, block=block, config=config)
 
 
 def _launch_backward_looped(
@@ -137,7 +103,7 @@ def _launch_backward_looped(
     *,
     config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run_backward(grad, grad_s, s, weight, eps, looped=True, block=config["BLOCK_N"], config=config)
+    return run_backward(grad, grad_s, s, weight, eps, looped=True, block=config["BLOCK_N"], config=config)
 
 
 def _make_backward_inputs(
@@ -166,8 +132,8 @@ add_rms_norm_backward = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        rowwise.single_block_impl(_launch_backward, ADD_RMS_NORM_BWD, _backward_row_length, _backward_row_count),
-        rowwise.looped_impl(_launch_backward_looped, ADD_RMS_NORM_BWD_LOOPED, _backward_row_length),
+        rowwise.single_block_impl(_launch_backward, RMS_NORM_BWD, _backward_row_length, _backward_row_count),
+        rowwise.looped_impl(_launch_backward_looped, RMS_NORM_BWD_LOOPED, _backward_row_length),
     ),
     bucket=lambda grad, grad_s, s, weight, eps: (*_bucket(s, weight), grad_s is not None),
     # dx reduces over its row; dweight over every row.

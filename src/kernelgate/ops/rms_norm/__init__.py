@@ -67,8 +67,9 @@ def _make_inputs(
     return torch.randn(shape, device=device).to(dtype), torch.randn(shape[-1], device=device).to(dtype), 1e-6
 
 
-def _run_backward(
+def run_backward(
     grad: torch.Tensor,
+    grad_s: torch.Tensor | None,
     x: torch.Tensor,
     weight: torch.Tensor | None,
     eps: float,
@@ -77,7 +78,10 @@ def _run_backward(
     block: int,
     config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx and dweight of rms_norm(x); with ``grad_s``, add_rms_norm's, where ``x`` is the sum s and
+    ``grad_s`` the gradient that reaches s directly (added to dx)."""
     x_rows, g_rows = as_rows(x, "x"), as_rows(grad, "grad")
+    ds_rows = as_rows(grad_s, "grad_s") if grad_s is not None else x_rows  # any pointer without HAS_DS
     w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
     rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, BWD_PROGRAMS_PER_SM, config)
@@ -86,9 +90,10 @@ def _run_backward(
     # The looped kernel keeps each row's rstd and mean(g * xhat) here between its two passes.
     stats = (torch.empty((n_rows, 2), dtype=torch.float32, device=x.device),) if looped else ()
     launch(
-        RMS_NORM_BWD_LOOPED if looped else RMS_NORM_BWD, (programs,), g_rows.tensor, x_rows.tensor,
-        x_rows.tensor if w is None else w, dx, partial, *stats, g_rows.stride, x_rows.stride, n_cols, n_rows, n_cols,
-        eps, rows_per_program, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=config["num_warps"], **meta,
+        RMS_NORM_BWD_LOOPED if looped else RMS_NORM_BWD, (programs,), g_rows.tensor, ds_rows.tensor, x_rows.tensor,
+        x_rows.tensor if w is None else w, dx, partial, *stats, g_rows.stride, ds_rows.stride, x_rows.stride, n_cols,
+        n_rows, n_cols, eps, rows_per_program, HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None, BLOCK_N=block,
+        num_warps=config["num_warps"], **meta,
     )  # fmt: skip
     if w is None:
         return dx, x.new_empty(0)
@@ -99,13 +104,13 @@ def _launch_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
     block = rowwise.single_block(x.shape[-1])
-    return _run_backward(grad, x, weight, eps, looped=False, block=block, config=config)
+    return run_backward(grad, None, x, weight, eps, looped=False, block=block, config=config)
 
 
 def _launch_backward_looped(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run_backward(grad, x, weight, eps, looped=True, block=config["BLOCK_N"], config=config)
+    return run_backward(grad, None, x, weight, eps, looped=True, block=config["BLOCK_N"], config=config)
 
 
 def _make_backward_inputs(

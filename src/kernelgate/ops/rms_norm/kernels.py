@@ -70,27 +70,33 @@ def _rms_norm_fwd_looped_kernel(
 @triton.jit
 def _rms_norm_bwd_kernel(
     dy_ptr,
+    ds_ptr,
     x_ptr,
     w_ptr,
     dx_ptr,
     dw_ptr,
     stride_dym,
+    stride_dsm,
     stride_xm,
     stride_dxm,
     n_rows,
     n_cols,
     eps,
     rows_per_program,
+    HAS_DS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Gradients of rms_norm for rows that fit one block; rstd is recomputed, not saved.
+    """Gradients of rms_norm (and of add_rms_norm, with HAS_DS) for rows that fit one block.
 
-    With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw = sum_rows(dy * xhat).
-    dy_ptr, x_ptr, dx_ptr: (n_rows, n_cols); w_ptr: (n_cols,); dw_ptr: (programs, n_cols) float32,
-    one partial sum of dw per program (summed on the host: no atomics). Grid: (programs,); each
-    program takes rows_per_program consecutive rows, ROWS of them at a time.
+    rstd is recomputed, not saved. With xhat = x * rstd and g = dy * w:
+    dx = rstd * (g - xhat * mean(g * xhat)) [+ ds],  dw = sum_rows(dy * xhat).
+    For add_rms_norm, x is the sum s = x + residual and ds the gradient that reaches s directly;
+    dx is then also the residual's gradient. dy_ptr, ds_ptr, x_ptr, dx_ptr: (n_rows, n_cols),
+    ds_ptr read only with HAS_DS; w_ptr: (n_cols,); dw_ptr: (programs, n_cols) float32, one partial
+    sum of dw per program (summed on the host: no atomics). Grid: (programs,); each program takes
+    rows_per_program consecutive rows, ROWS of them at a time.
     """
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -110,6 +116,8 @@ def _rms_norm_bwd_kernel(
         xhat = x * rstd
         g = dy * w if HAS_WEIGHT else dy
         dx = (g - xhat * (tl.sum(g * xhat, axis=1) / n_cols)[:, None]) * rstd
+        if HAS_DS:
+            dx += tl.load(ds_ptr + rows[:, None] * stride_dsm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if HAS_WEIGHT:
             dw += dy * xhat
@@ -120,29 +128,31 @@ def _rms_norm_bwd_kernel(
 @triton.jit
 def _rms_norm_bwd_looped_kernel(
     dy_ptr,
+    ds_ptr,
     x_ptr,
     w_ptr,
     dx_ptr,
     dw_ptr,
     stats_ptr,
     stride_dym,
+    stride_dsm,
     stride_xm,
     stride_dxm,
     n_rows,
     n_cols,
     eps,
     rows_per_program,
+    HAS_DS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Gradients of rms_norm for rows longer than one block: the formulas of ``_rms_norm_bwd_kernel``.
+    """Gradients for rows longer than one block: the formulas of ``_rms_norm_bwd_kernel``.
 
-    dy_ptr, x_ptr, dx_ptr: (n_rows, n_cols); w_ptr: (n_cols,); dw_ptr: (programs, n_cols) float32
-    partial sums of dw, one row per program; stats_ptr: (n_rows, 2) float32 scratch holding each
-    row's rstd and mean(g * xhat). Grid: (programs,); each program takes rows_per_program
-    consecutive rows. A first pass streams each row for its two sums; a second pass goes column
-    block by column block over the program's rows, so the block's dw sum stays in registers and is
-    stored once. dy and x are read twice, dx written once.
+    Pointers as there, plus stats_ptr: (n_rows, 2) float32 scratch holding each row's rstd and
+    mean(g * xhat). Grid: (programs,); each program takes rows_per_program consecutive rows. A
+    first pass streams each row for its two sums; a second pass goes column block by column block
+    over the program's rows, so the block's dw sum stays in registers and is stored once. dy and x
+    are read twice, ds once, dx written once.
     """
     pid = tl.program_id(0)
     first = pid * rows_per_program
@@ -178,6 +188,8 @@ def _rms_norm_bwd_looped_kernel(
             xhat = x * rstd
             g = dy * w if HAS_WEIGHT else dy
             dx = (g - xhat * mean_gxhat) * rstd
+            if HAS_DS:
+                dx += tl.load(ds_ptr + row * stride_dsm + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
             if HAS_WEIGHT:
                 dw += dy * xhat

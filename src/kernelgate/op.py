@@ -134,14 +134,18 @@ class TritonImpl:
         return valid
 
     def source_hash(self) -> str:
-        """A hash of the kernels' and launcher's source and the config space (imports the kernels)."""
+        """A hash of the kernels' and launcher's source and the config space (imports the kernels).
+
+        A ``@triton.jit`` kernel counts by Triton's ``cache_key``: its source and that of the
+        ``@triton.jit`` helpers and constants it uses, so editing a shared helper retunes.
+        """
         cached = self.__dict__.get("_source_hash")
         if cached is not None:
             return str(cached)
         digest = hashlib.sha256(repr(self.configs).encode())
         for item in (*self.kernels, self.launcher):
             resolved = item.resolve() if isinstance(item, LazyKernel) else item
-            src = getattr(resolved, "src", None)
+            src = getattr(resolved, "cache_key", None) or getattr(resolved, "src", None)
             if src is None:
                 try:
                     src = inspect.getsource(getattr(resolved, "fn", resolved))

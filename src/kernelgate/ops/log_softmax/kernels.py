@@ -8,6 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelgate.ops.softmax.kernels import online_max_and_sum
+
 
 @triton.jit
 def _log_softmax_fwd_kernel(
@@ -35,24 +37,12 @@ def _log_softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, B
     """Log-softmax of a row longer than one block: an online max-and-sum pass, then a writing pass.
 
     x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads the row twice, writes it once.
-    Each lane keeps a running max ``m`` and a sum ``s`` of ``exp(x - m)``, rescaled when ``m`` grows.
     """
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
-    m = tl.full([BLOCK_N], -float("inf"), tl.float32)
-    s = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy="evict_last").to(tl.float32)
-        m_new = tl.maximum(m, x)
-        # exp(-inf - -inf) would be NaN: -inf terms contribute 0 explicitly. A NaN input fails the
-        # == test and propagates into s, as it does in torch, whether or not max() ignored it.
-        alpha = tl.where(m == -float("inf"), 0.0, tl.exp(m - m_new))
-        s = s * alpha + tl.where(x == -float("inf"), 0.0, tl.exp(x - m_new))
-        m = m_new
-    row_max = tl.max(m, axis=0)
+    row_max, total = online_max_and_sum(x_row, n_cols, BLOCK_N)
     # A row of only -inf has total 0, log(total) = -inf, and y = -inf - -inf - -inf = NaN, as in torch.
-    log_total = tl.log(tl.sum(s * tl.where(m == -float("inf"), 0.0, tl.exp(m - row_max)), axis=0))
+    log_total = tl.log(total)
     y_row = y_ptr + row * stride_ym
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)

@@ -28,14 +28,13 @@ def _softmax_fwd_kernel(
 
 
 @triton.jit
-def _softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
-    """Softmax of a row longer than one block: an online max-and-sum pass, then a normalising pass.
+def online_max_and_sum(x_row, n_cols, BLOCK_N: tl.constexpr):
+    """The max of a row longer than one block and the sum of ``exp(x - max)``, in one pass over it.
 
-    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads the row twice, writes it once.
     Each lane keeps a running max ``m`` and a sum ``s`` of ``exp(x - m)``, rescaled when ``m`` grows.
+    The row is loaded with ``evict_last``, so the caller's second pass may find it in L2. Shared by
+    the looped softmax and log_softmax kernels.
     """
-    row = tl.program_id(0)
-    x_row = x_ptr + row * stride_xm
     m = tl.full([BLOCK_N], -float("inf"), tl.float32)
     s = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, n_cols, BLOCK_N):
@@ -49,6 +48,18 @@ def _softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK
         m = m_new
     row_max = tl.max(m, axis=0)
     total = tl.sum(s * tl.where(m == -float("inf"), 0.0, tl.exp(m - row_max)), axis=0)
+    return row_max, total
+
+
+@triton.jit
+def _softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
+    """Softmax of a row longer than one block: an online max-and-sum pass, then a normalising pass.
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads the row twice, writes it once.
+    """
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride_xm
+    row_max, total = online_max_and_sum(x_row, n_cols, BLOCK_N)
     y_row = y_ptr + row * stride_ym
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)

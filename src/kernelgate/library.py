@@ -132,15 +132,19 @@ def autograd_function(op: Op) -> Any:
 
 def _setup(op: Op, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     saved = op.backward.save(inputs, output) if op.backward is not None else tuple(inputs)
-    tensors = [v for v in saved if isinstance(v, torch.Tensor)]
-    ctx.save_for_backward(*tensors)
-    ctx.kernelgate_layout = [None if isinstance(v, torch.Tensor) else (v,) for v in saved]
-    ctx.kernelgate_needs = [isinstance(v, torch.Tensor) and v.requires_grad for v in inputs]
+    if all(isinstance(v, torch.Tensor) for v in saved):  # the common case: nothing to interleave
+        ctx.save_for_backward(*saved)
+        ctx.kernelgate_layout = None
+    else:
+        ctx.save_for_backward(*(v for v in saved if isinstance(v, torch.Tensor)))
+        ctx.kernelgate_layout = [None if isinstance(v, torch.Tensor) else (v,) for v in saved]
     # The backward runs in the modes of the forward call, also on autograd's device threads.
     ctx.kernelgate_overrides = current_overrides()
 
 
 def _restore(ctx: Any) -> tuple[Any, ...]:
+    if ctx.kernelgate_layout is None:
+        return tuple(ctx.saved_tensors)
     tensors = iter(ctx.saved_tensors)
     return tuple(next(tensors) if slot is None else slot[0] for slot in ctx.kernelgate_layout)
 
@@ -148,12 +152,20 @@ def _restore(ctx: Any) -> tuple[Any, ...]:
 def _backward(op: Op, ctx: Any, grad_outputs: tuple[Any, ...]) -> tuple[Any, ...]:
     saved = _restore(ctx)
     grad = grad_outputs[0] if len(grad_outputs) == 1 else grad_outputs
-    with restore_overrides(ctx.kernelgate_overrides):
-        if op.backward is not None:
-            grads = tuple(op.backward.grads(saved, grad))
-        else:
-            grads = _reference_grads(op, saved, grad, ctx.kernelgate_needs)
-    return tuple(g if need else None for g, need in zip(grads, ctx.kernelgate_needs, strict=True))
+    needs = ctx.needs_input_grad
+    overrides = ctx.kernelgate_overrides
+    if overrides == current_overrides():  # the same modes here already (the usual case): no context switch
+        grads = _grads(op, saved, grad, needs)
+    else:
+        with restore_overrides(overrides):
+            grads = _grads(op, saved, grad, needs)
+    return tuple(g if need else None for g, need in zip(grads, needs, strict=True))
+
+
+def _grads(op: Op, saved: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:
+    if op.backward is not None:
+        return tuple(op.backward.grads(saved, grad))
+    return _reference_grads(op, saved, grad, needs)
 
 
 def _reference_grads(op: Op, inputs: tuple[Any, ...], grad: Any, needs: Sequence[bool]) -> tuple[Any, ...]:

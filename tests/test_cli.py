@@ -54,7 +54,11 @@ def test_demo_checks_times_and_logs(tmp_path: Path) -> None:
     result = _run("demo", "--log", str(log), "--repeats", "1", cwd=tmp_path)
     assert result.returncode == EXIT_OK, result.stderr
     out = result.stdout
-    assert "single_block" in out and "looped" in out and "matches" in out
+    assert "matches" in out
+    if _gpu_here():  # which kernel wins each bucket is measured, so only the Triton path is certain
+        assert "triton" in out and ("single_block" in out or "looped" in out)
+    else:  # the interpreter rows use default configurations, one row past the single-block limit
+        assert "single_block" in out and "looped" in out
     assert "NO" not in out
     rows = list(csv.DictReader(log.open()))
     assert list(rows[0]) == list(launch_log.COLUMNS)

@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 import kernelgate
-from kernelgate import backend
+from kernelgate import backend, rowwise
 from kernelgate.cache import decision_cache, default_cache_dir
 from kernelgate.op import Op, registered_ops
 from kernelgate.tolerance import assert_close
@@ -147,7 +147,8 @@ class _DemoCase:
 
 def _demo_cases(device: torch.device, interpret: bool) -> list[_DemoCase]:
     if interpret:
-        shapes = [(4, 100), (2, 20000)]
+        # one row too long for a single block, so both forward kernels are shown
+        shapes = [(4, 100), (1, rowwise.MAX_SINGLE_BLOCK_FORWARD + 1000)]
     elif device.type == "cpu":
         shapes = [(64, 1000), (256, 4096)]
     else:

@@ -843,3 +843,29 @@ def test_many_passing_candidates_are_screened_and_only_finalists_get_the_full_ti
     timed.clear()
     on_cpu = selection._time_passing(passed, torch.device("cpu"), interpret=True)
     assert all(r.verdict == "pass" for r in on_cpu) and all(not screen for _, screen in timed), "no screen off a GPU"
+
+
+@pytest.mark.parametrize(
+    ("host_us", "device_us", "expected", "calls"),
+    [
+        (5.0, 100.0, 100.0, 10),  # device-bound: the probe suffices
+        (30.0, 20.0, 30.0, 10 + 3 * 50),  # host-bound: timed in full, the host's time wins
+        (90.0, 100.0, 100.0, 10 + 3 * 50),  # close to the bound: timed in full, the device's time wins
+    ],
+)
+def test_host_time_is_measured_in_full_only_where_it_may_decide(
+    monkeypatch: pytest.MonkeyPatch, host_us: float, device_us: float, expected: float, calls: int
+) -> None:
+    """bounded_by_host probes the host with a few calls and times it fully only near the device time."""
+    from kernelgate import selection
+
+    clock = [0.0]
+    made: list[int] = []
+
+    def fn() -> None:  # a call that costs host_us of host time
+        made.append(1)
+        clock[0] += host_us * 1e-6
+
+    monkeypatch.setattr(selection.time, "perf_counter", lambda: clock[0])
+    assert selection.bounded_by_host(fn, lambda: None, device_us) == pytest.approx(expected)
+    assert len(made) == calls

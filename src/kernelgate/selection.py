@@ -39,6 +39,11 @@ GPU_WARMUP_MS = 5
 GPU_REP_MS = 20
 CPU_REPEATS = 5
 HOST_CALLS = 50
+# Host time is measured in full (3 x HOST_CALLS calls) only when a short probe of HOST_PROBE_CALLS
+# calls shows it may decide the result: at least HOST_BOUND_FRACTION of the device time. For a
+# kernel of a millisecond the full measurement alone took 150 ms per candidate.
+HOST_PROBE_CALLS = 10
+HOST_BOUND_FRACTION = 0.8
 # On a GPU, with more passing candidates than FINALISTS, each is first timed briefly (SCREEN_*), and
 # only the fastest FINALISTS, plus the fastest configuration of each implementation, get the full
 # timing above. Ranks from the short timing are close to the full one's; the full timing decides.
@@ -166,15 +171,7 @@ def time_us(fn: Callable[[], object], device: torch.device, *, screen: bool = Fa
         warmup, rep = (SCREEN_WARMUP_MS, SCREEN_REP_MS) if screen else (GPU_WARMUP_MS, GPU_REP_MS)
         device_us = float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median")) * 1e3
         sync = torch.cuda.synchronize if device.type == "cuda" else torch.xpu.synchronize
-        host = []
-        for _ in range(3):
-            sync()
-            start = time.perf_counter()
-            for _ in range(HOST_CALLS):
-                fn()
-            sync()
-            host.append((time.perf_counter() - start) / HOST_CALLS * 1e6)
-        return max(device_us, statistics.median(host))
+        return bounded_by_host(fn, sync, device_us)
     fn()
     times = []
     for _ in range(CPU_REPEATS):
@@ -182,6 +179,26 @@ def time_us(fn: Callable[[], object], device: torch.device, *, screen: bool = Fa
         fn()
         times.append((time.perf_counter() - start) * 1e6)
     return statistics.median(times)
+
+
+def bounded_by_host(fn: Callable[[], object], sync: Callable[[], object], device_us: float) -> float:
+    """``device_us``, or the host time per call of ``fn`` where that is larger (calls back to back).
+
+    A probe of HOST_PROBE_CALLS calls comes first; only when it reaches HOST_BOUND_FRACTION of
+    ``device_us`` is the host timed in full (the median of three rounds of HOST_CALLS calls).
+    """
+
+    def per_call(calls: int) -> float:
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        return (time.perf_counter() - start) / calls * 1e6
+
+    if per_call(HOST_PROBE_CALLS) < HOST_BOUND_FRACTION * device_us:
+        return device_us
+    return max(device_us, statistics.median(per_call(HOST_CALLS) for _ in range(3)))
 
 
 def _compile_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> Outcome:

@@ -256,15 +256,16 @@ def misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[str]:
                 f"{where}: kernelgate host cost {ours.host_us:.1f} us per call is more than "
                 f"{targets.host_over_triton_us:g} us over a direct Triton launch ({min(direct):.1f} us)"
             )
-        cause = _autograd_gap(ours, by_impl) if direction == FORWARD_BACKWARD else ""
+        cause = _autograd_gap(ours, by_impl, floor) if direction == FORWARD_BACKWARD else ""
         if direction == FORWARD_BACKWARD and ours.regime == "bandwidth":
             cause += _steady_state(ours, by_impl)
         found[before:] = [line + cause for line in found[before:]]
     return found
 
 
-def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow]) -> str:
-    """The cause of a forward+backward miss when most of the step is not the op's kernels.
+def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow], floor: float) -> str:
+    """The cause of a forward+backward miss: most of the step is not the op's kernels, or the kernels
+    themselves are short of the bandwidth target (``floor``).
 
     A ``triton:<name>`` forward+backward row runs the forward launcher and the declared backward
     directly, without autograd; when that takes at most half of kernelgate's time through autograd,
@@ -275,6 +276,11 @@ def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow]) -> str:
         return ""
     best = min(direct, key=effective_us)
     if effective_us(best) > effective_us(ours) / 2:
+        if best.regime == "bandwidth" and best.frac_of_copy < floor:
+            return (
+                f"; its kernels alone ({best.impl}, without autograd) reach {best.frac_of_copy:.2f} of copy: "
+                "the kernels themselves are short of the target"
+            )
         return ""
     share = f", {best.frac_of_copy:.2f} of copy" if best.regime == "bandwidth" else ""
     return (

@@ -22,6 +22,11 @@ from rich.table import Table
 
 from kernelgate.bench.suite import BenchError
 
+# Inputs below this are the latency regime, timed for host cost too (noise hides bandwidth there).
+# The suite's latency shapes reach 16 MiB (512x4096 float32, two inputs); its bandwidth shapes
+# hold about 128 MiB per input.
+LATENCY_BYTES = 64 * 2**20
+
 __all__ = [
     "COLUMNS",
     "SCHEMA_VERSION",
@@ -69,7 +74,7 @@ class BenchRow:
         op, dtype: the op and the dtype of its floating-point inputs.
         shape: the suite shape, ``"16384x4096"`` (its dimensions are named in docs/bench.md).
         rows, row_length: the shape seen as rows (the x axis of the plots is the row length).
-        regime: ``bandwidth`` (inputs of 16 MiB or more) or ``latency``.
+        regime: ``bandwidth`` (inputs of LATENCY_BYTES or more) or ``latency``.
         target_bytes: the byte target the row count was derived from (0 for a fixed shape).
         direction: ``forward`` or ``forward+backward``.
         impl: ``eager``, ``compile``, ``kernelgate``, ``triton:<implementation>`` or ``liger``.
@@ -386,7 +391,8 @@ def write_summary(rows: Sequence[BenchRow], path: Path, targets: Targets = TARGE
             "",
             "Cells are fractions of the copy bandwidth (achieved GB/s over minimal bytes, formulas in the CSV's "
             "`byte_formula`). *vs best peer* is the best time of eager, compile and liger over kernelgate's "
-            "(above 1: kernelgate is faster). Latency shapes (inputs under 16 MiB) show microseconds per call: "
+            f"(above 1: kernelgate is faster). Latency shapes (inputs under {LATENCY_BYTES // 2**20} MiB) show "
+            "microseconds per call: "
             "the larger of the device time and the host cost.",
             "",
         ]

@@ -35,7 +35,7 @@ import torch
 from rich.console import Console
 
 from kernelgate import backend
-from kernelgate.bench.report import FORWARD, FORWARD_BACKWARD, BenchRow, Provenance, print_table
+from kernelgate.bench.report import FORWARD, FORWARD_BACKWARD, LATENCY_BYTES, BenchRow, Provenance, print_table
 from kernelgate.bench.specs import SPECS, BenchSpec, bench_specs
 from kernelgate.bench.suite import DTYPES, BenchError, Case, Suite, default_suite, load_suite
 from kernelgate.cache import decision_cache
@@ -48,10 +48,6 @@ from kernelgate.settings import configure, settings
 
 __all__ = ["TIME_LIMIT_NOTE", "resolve_ops", "run"]
 
-# Inputs below this are the latency regime, timed for host cost too (noise hides bandwidth there).
-# The suite's latency shapes reach 16 MiB (512x4096 float32, two inputs); its bandwidth shapes
-# hold about 128 MiB per input.
-LATENCY_BYTES = 64 * 2**20
 GPU_COPY_BYTES = 2 * 2**30
 CPU_COPY_BYTES = 16 * 2**20
 GPU_HOST_CALLS = 200  # enough for a stable mean; 2000 took seconds per forward+backward step
@@ -639,7 +635,7 @@ def run(
         cpu_repeats: calls timed per round off the GPU.
         host_calls: calls per host-cost measurement (latency shapes); default 200 on a GPU, 10 elsewhere.
         latency_bytes: shapes whose inputs total fewer bytes are the latency regime (host cost
-            measured, no bandwidth target); default 16 MiB.
+            measured, no bandwidth target); default 64 MiB.
         time_limit_s: no case starts after this many seconds from the start of the run; the cases
             left get one ``skipped`` row each (the summary lists them). Default: no limit.
         skip: ``(op, dtype, shape)`` cases not to measure (``shape`` as in the CSV, ``"16384x4096"``),

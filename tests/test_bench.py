@@ -551,3 +551,17 @@ def test_gpu_run_measures_bandwidth_memory_and_host_cost(tmp_path: Path) -> None
     assert all(r.host_us > 0 for r in bandwidth if r.direction == "forward+backward"), "the steady state"
     assert any(r.impl.startswith("triton:") for r in rows)
     bench.write_summary(rows, tmp_path / "summary.md")
+
+
+def test_summary_counts_misses_per_op_with_their_causes(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
+    """The Targets missed section opens with a table: per op and direction, misses per target and causes named."""
+    base = next(r for r in interpreted if r.direction == "forward+backward" and r.impl == "eager")
+    eager = dataclasses.replace(base, regime="bandwidth", time_us=100.0, host_us=math.nan, frac_of_copy=0.5)
+    ours = dataclasses.replace(eager, impl="kernelgate", time_us=300.0, frac_of_copy=0.2)
+    kernels = dataclasses.replace(eager, impl="triton:single_block", time_us=80.0, frac_of_copy=0.9)
+    text = bench.write_summary([eager, ours, kernels], tmp_path / "summary.md").read_text()
+    digest = text[text.index("## Targets missed") :]
+    # Below the bandwidth target, behind eager (the best peer here), slower than eager: each named
+    # by its cause, the autograd step.
+    assert f"| {base.op} | forward+backward | 1 | 1 | 1 | 0 | 3 | 0 |" in digest
+    assert digest.index("| op | direction |") < digest.index("- ")

@@ -230,47 +230,107 @@ class Targets:
 TARGETS = Targets()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Miss:
+    """One missed target: where, which target (``bandwidth``, ``peer``, ``eager`` or ``host``), the
+    cause found (``autograd``: the autograd step, not the kernels; ``kernels``: the kernels alone
+    are short; ``""``: none named) and the sentence the summary prints."""
+
+    op: str
+    dtype: str
+    direction: str
+    shape: str
+    target: str
+    cause: str
+    text: str
+
+
 def misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[str]:
     """Where kernelgate misses a target, one sentence each (see docs/bench.md for the targets)."""
-    found: list[str] = []
+    return [m.text for m in _find_misses(rows, targets)]
+
+
+def _find_misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[_Miss]:
+    """Every missed target of kernelgate in ``rows``, with its cause where the run shows one."""
+    found: list[_Miss] = []
     for (op, dtype, direction, shape), by_impl in _cases(rows).items():
         ours = by_impl.get("kernelgate")
         if ours is None:
             continue
         where = f"{op} {dtype} {shape} {direction}"
-        before = len(found)
+        here: list[tuple[str, str]] = []
         floor = targets.forward_fraction if direction == FORWARD else targets.forward_backward_fraction
         if ours.regime == "bandwidth" and ours.frac_of_copy < floor:
-            found.append(f"{where}: kernelgate reaches {ours.frac_of_copy:.2f} of copy bandwidth (target {floor:.2f})")
+            here.append(
+                (
+                    "bandwidth",
+                    f"{where}: kernelgate reaches {ours.frac_of_copy:.2f} of copy bandwidth (target {floor:.2f})",
+                )
+            )
         peer = _best_peer(by_impl)
         if peer is not None and effective_us(peer) / effective_us(ours) < targets.versus_best_peer:
-            found.append(
-                f"{where}: kernelgate {effective_us(ours):.1f} us is {effective_us(peer) / effective_us(ours):.2f} "
-                f"of the speed of {peer.impl} {effective_us(peer):.1f} us (target {targets.versus_best_peer:.2f})"
+            here.append(
+                (
+                    "peer",
+                    f"{where}: kernelgate {effective_us(ours):.1f} us is {effective_us(peer) / effective_us(ours):.2f} "
+                    f"of the speed of {peer.impl} {effective_us(peer):.1f} us (target {targets.versus_best_peer:.2f})",
+                )
             )
         eager = by_impl.get("eager")
         if eager is not None and effective_us(ours) > targets.versus_eager * effective_us(eager):
-            found.append(
-                f"{where}: kernelgate {effective_us(ours):.1f} us is slower than eager {effective_us(eager):.1f} us "
-                f"by more than {targets.versus_eager - 1:.0%}"
+            here.append(
+                (
+                    "eager",
+                    f"{where}: kernelgate {effective_us(ours):.1f} us is slower than eager "
+                    f"{effective_us(eager):.1f} us by more than {targets.versus_eager - 1:.0%}",
+                )
             )
         direct = [r.host_us for name, r in by_impl.items() if name.startswith("triton:") and not math.isnan(r.host_us)]
         over = ours.host_us - min(direct) if direct else math.nan
         if direction == FORWARD and over > targets.host_over_triton_us:
-            found.append(
-                f"{where}: kernelgate host cost {ours.host_us:.1f} us per call is more than "
-                f"{targets.host_over_triton_us:g} us over a direct Triton launch ({min(direct):.1f} us)"
+            here.append(
+                (
+                    "host",
+                    f"{where}: kernelgate host cost {ours.host_us:.1f} us per call is more than "
+                    f"{targets.host_over_triton_us:g} us over a direct Triton launch ({min(direct):.1f} us)",
+                )
             )
-        cause = _autograd_gap(ours, by_impl, floor) if direction == FORWARD_BACKWARD else ""
+        cause, clause = _autograd_gap(ours, by_impl, floor) if direction == FORWARD_BACKWARD else ("", "")
         if direction == FORWARD_BACKWARD and ours.regime == "bandwidth":
-            cause += _steady_state(ours, by_impl)
-        found[before:] = [line + cause for line in found[before:]]
+            clause += _steady_state(ours, by_impl)
+        found += [_Miss(op, dtype, direction, shape, target, cause, text + clause) for target, text in here]
     return found
 
 
-def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow], floor: float) -> str:
-    """The cause of a forward+backward miss: most of the step is not the op's kernels, or the kernels
-    themselves are short of the bandwidth target (``floor``).
+def _miss_digest(found: Sequence[_Miss]) -> list[str]:
+    """A table of the misses per op and direction: how many of each target, and the causes named."""
+    if not found:
+        return []
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for m in found:
+        row = counts.setdefault((m.op, m.direction), {})
+        row[m.target] = row.get(m.target, 0) + 1
+        if m.cause:
+            row["cause:" + m.cause] = row.get("cause:" + m.cause, 0) + 1
+    columns = ("bandwidth", "peer", "eager", "host", "cause:autograd", "cause:kernels")
+    lines = [
+        "Misses per op and direction (a case can miss several targets). The last two columns count the "
+        "forward+backward misses whose cause the run shows: the autograd step (the op's kernels called without "
+        "autograd take at most half of the step), or kernels that are themselves short of the target.",
+        "",
+        "| op | direction | below bandwidth target | behind best peer | slower than eager | host cost | "
+        "cause: autograd step | cause: kernels short |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (op, direction), row in counts.items():
+        lines.append(f"| {op} | {direction} | " + " | ".join(str(row.get(c, 0)) for c in columns) + " |")
+    return [*lines, ""]
+
+
+def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow], floor: float) -> tuple[str, str]:
+    """The cause of a forward+backward miss, as a kind and a clause: most of the step is not the op's
+    kernels (``autograd``), or the kernels themselves are short of the bandwidth target ``floor``
+    (``kernels``); ``("", "")`` when the run shows neither.
 
     A ``triton:<name>`` forward+backward row runs the forward launcher and the declared backward
     directly, without autograd; when that takes at most half of kernelgate's time through autograd,
@@ -278,17 +338,17 @@ def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow], floor: float) ->
     """
     direct = [r for name, r in by_impl.items() if name.startswith("triton:")]
     if not direct:
-        return ""
+        return "", ""
     best = min(direct, key=effective_us)
     if effective_us(best) > effective_us(ours) / 2:
         if best.regime == "bandwidth" and best.frac_of_copy < floor:
-            return (
+            return "kernels", (
                 f"; its kernels alone ({best.impl}, without autograd) reach {best.frac_of_copy:.2f} of copy: "
                 "the kernels themselves are short of the target"
             )
-        return ""
+        return "", ""
     share = f", {best.frac_of_copy:.2f} of copy" if best.regime == "bandwidth" else ""
-    return (
+    return "autograd", (
         f"; without autograd its kernels ({best.impl}) take {effective_us(best):.1f} us{share}: "
         "most of the step is the autograd step (host time), not the kernels"
     )
@@ -432,7 +492,8 @@ def write_summary(rows: Sequence[BenchRow], path: Path, targets: Targets = TARGE
             if regime == "bandwidth":
                 lines += _steady_table(selected, impls)
     lines += _first_calls(rows)
-    missed = misses(rows, targets)
+    found = _find_misses(rows, targets)
+    missed = [m.text for m in found]
     lines += [
         "## Targets missed",
         "",
@@ -443,7 +504,7 @@ def write_summary(rows: Sequence[BenchRow], path: Path, targets: Targets = TARGE
         f"direct Triton launch at latency shapes.",
         "",
     ]
-    lines += [f"- {m}" for m in missed] if missed else ["None."]
+    lines += [*_miss_digest(found), *(f"- {m}" for m in missed)] if missed else ["None."]
     problems = [r for r in rows if r.status != "ok"]
     if problems:
         lines += ["", "## Not measured", ""]

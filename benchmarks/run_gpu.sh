@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine, in two parts that each fit one call:
 #   benchmarks/run_gpu.sh tests OUT   the test suite with the kernels compiled (8 workers), doctor,
-#                                     demo, tune, a second demo on the warm cache, overhead, memory
+#                                     demo, tune, a second demo on the warm cache, overhead, memory,
+#                                     the autograd step's host cost (autograd_overhead, step conditions)
 #   benchmarks/run_gpu.sh bench OUT   `kernelgate bench` over the default suite (QUICK=1: --quick), starting
 #                                     no case after TIME_LIMIT seconds (default 540, so one call fits 10
 #                                     minutes); RESUME=path/to/bench.csv continues that run (--resume)
@@ -26,7 +27,13 @@ if [ "$part" = tests ]; then
   python3 -m kernelgate cache show > "$out/cache.txt" 2>&1
   python3 benchmarks/overhead.py --out "$out/overhead.json" > "$out/overhead.txt" 2>&1
   python3 benchmarks/memory.py --out "$out/memory.json" > "$out/memory.txt" 2>&1
-  tail -n 12 "$out/demo-warm.txt"; cat "$out/overhead.txt" "$out/memory.txt"
+  python3 benchmarks/autograd_overhead.py --out "$out/autograd-overhead.json" > "$out/autograd-overhead.txt" 2>&1
+  python3 benchmarks/autograd_step_conditions.py --out "$out/step-conditions-64x4096.json" --shape 64x4096 \
+    > "$out/step-conditions.txt" 2>&1
+  python3 benchmarks/autograd_step_conditions.py --out "$out/step-conditions-32768x1024.json" --shape 32768x1024 \
+    --dtype float32 >> "$out/step-conditions.txt" 2>&1
+  tail -n 12 "$out/demo-warm.txt"; cat "$out/overhead.txt" "$out/memory.txt" "$out/autograd-overhead.txt" \
+    "$out/step-conditions.txt"
 elif [ "$part" = bench ]; then
   mkdir -p "$out/bench"
   if [ -n "${RESUME:-}" ]; then cp "$RESUME" "$out/bench/bench.csv"; fi

@@ -10,10 +10,11 @@ measures one step three ways, side by side, in one process:
 - ``bare Function``: a minimal ``autograd.Function`` around the same kernelgate ops, forward
   and backward, so kernelgate's autograd wrapper is the only difference to the line above;
 
-under three conditions, in this order: a fresh process; Python's garbage collector disabled; and
-after ``torch.compile`` has compiled and run a function (Dynamo and Inductor loaded, as in the
-bench). For each: the host's time to issue ``--steps`` steps (before the synchronise) and the time
-per step including it, the best of ``--rounds``. Writes JSON with provenance.
+under four conditions, in this order: a fresh process; Python's garbage collector disabled; a
+rich progress bar refreshing in its thread (as ``kernelgate bench`` shows one); and after
+``torch.compile`` has compiled and run a function (Dynamo and Inductor loaded, as in the bench).
+For each: the host's time to issue ``--steps`` steps (before the synchronise) and the time per step
+including it, the best of ``--rounds``. Writes JSON with provenance.
 
     python benchmarks/autograd_step_conditions.py --out step-conditions.json --shape 64x4096
 """
@@ -25,6 +26,7 @@ import gc
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -102,9 +104,15 @@ def main() -> int:
         compiled = torch.compile(lambda a: torch.nn.functional.gelu(a) * 2, dynamic=False)
         compiled(torch.randn(8, 128, device=device))
 
+    from rich.console import Console
+    from rich.progress import Progress
+
+    progress = Progress(console=Console(file=sys.stderr), transient=True)  # as kernelgate bench shows it
+    progress.add_task("measuring", total=None)
     conditions: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
         ("fresh process", lambda: None, lambda: None),
         ("garbage collector disabled", gc.disable, gc.enable),
+        ("a rich progress bar running", progress.start, progress.stop),
         ("after torch.compile", compile_something, lambda: None),
     ]
     rows_out = []

@@ -11,18 +11,14 @@ and the two kernelgate ops called without autograd. Writes JSON with provenance.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from provenance import provenance, write_json  # benchmarks/provenance.py, beside this script
 
 import kernelgate
-from kernelgate import backend
 
 
 def _per_call_us(fn: Callable[[], object], device: torch.device, calls: int, rounds: int) -> float:
@@ -73,19 +69,13 @@ def main() -> int:
         print(f"{name:68} {us:8.2f} us")
     result = {
         "benchmark": "host cost of softmax forward + backward at 1x256 float32, best of rounds",
-        "device": backend.device_name(device),
+        **provenance(device),
         "path": str(kernelgate.softmax.explain(plain, -1).path),
-        "torch": torch.__version__,
-        "triton": backend.triton_version(),
-        "python": platform.python_version(),
-        "kernelgate_commit": os.environ.get("KERNELGATE_COMMIT", "unknown"),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "calls": args.calls,
         "rounds": args.rounds,
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     return 0
 
 

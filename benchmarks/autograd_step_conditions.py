@@ -23,20 +23,16 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance, write_json  # benchmarks/provenance.py, beside this script
 
 import kernelgate
-from kernelgate import backend
 
 
 class _BareRmsNorm(torch.autograd.Function):
@@ -129,19 +125,13 @@ def main() -> int:
             leave()
     result = {
         "benchmark": f"rms_norm forward+backward step through autograd, {args.shape} {args.dtype}, x and weight",
-        "device": backend.device_name(device),
+        **provenance(device),
         "path": str(kernelgate.rms_norm.explain(x.detach(), w.detach(), 1e-6).path),
-        "torch": torch.__version__,
-        "triton": backend.triton_version(),
-        "python": platform.python_version(),
-        "kernelgate_commit": os.environ.get("KERNELGATE_COMMIT", "unknown"),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "steps": args.steps,
         "rounds": args.rounds,
         "rows": rows_out,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     return 0
 
 

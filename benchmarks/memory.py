@@ -10,19 +10,15 @@ memory), and report the peak allocated above what was live before. Writes JSON w
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance, write_json  # benchmarks/provenance.py, beside this script
 
 import kernelgate
-from kernelgate import backend
 
 SHAPES = [(16384, 4096), (4096, 32768), (65536, 1024)]
 
@@ -86,16 +82,10 @@ def main() -> int:
                 )
     result = {
         "benchmark": "peak GPU memory of forward + backward above what was live before",
-        "device": backend.device_name(torch.device("cuda")),
-        "torch": torch.__version__,
-        "triton": backend.triton_version(),
-        "python": platform.python_version(),
-        "kernelgate_commit": os.environ.get("KERNELGATE_COMMIT", "unknown"),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **provenance(torch.device("cuda")),
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     return 0
 
 

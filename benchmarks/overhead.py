@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
+from provenance import provenance, write_json  # benchmarks/provenance.py, beside this script
 
 import kernelgate
 from kernelgate import backend
@@ -50,17 +46,6 @@ def interleaved_us(
         a.append(one_round(ours))
         b.append(one_round(direct))
     return statistics.median(a), statistics.median(b), statistics.median(x - y for x, y in zip(a, b, strict=True))
-
-
-def commit() -> str:
-    if os.environ.get("KERNELGATE_COMMIT"):
-        return os.environ["KERNELGATE_COMMIT"]
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:
@@ -114,17 +99,11 @@ def main() -> None:
             f"{args.calls} asynchronous calls then one synchronize, per-call mean; {args.rounds} rounds alternating "
             f"kernelgate and the direct call; medians, and the median of the paired differences as the overhead"
         ),
-        "device": backend.device_name(device),
+        **provenance(device),
         "capability": backend.capability(device),
-        "torch": torch.__version__,
-        "triton": backend.triton_version(),
-        "python": platform.python_version(),
-        "kernelgate_commit": commit(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

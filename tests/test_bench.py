@@ -565,3 +565,16 @@ def test_summary_counts_misses_per_op_with_their_causes(interpreted: list[bench.
     # by its cause, the autograd step.
     assert f"| {base.op} | forward+backward | 1 | 1 | 1 | 0 | 3 | 0 |" in digest
     assert digest.index("| op | direction |") < digest.index("- ")
+
+
+def test_first_calls_of_several_ops_add_up_in_an_all_ops_row(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
+    """With more than one op, the First calls table ends with their sums per implementation and in all."""
+    renamed = [dataclasses.replace(r, op="softmax_copy") for r in interpreted]
+    text = bench.write_summary([*interpreted, *renamed], tmp_path / "summary.md").read_text()
+    first = text.split("## First calls")[1].split("## Targets missed")[0]
+    rows = {line.split("|")[1].strip(): line for line in first.splitlines() if line.startswith("| ")}
+    one = [float(c) for c in rows["softmax"].strip("|").split("|")[1:]]
+    both = [float(c) for c in rows["all ops"].strip("|").split("|")[1:]]
+    assert both == pytest.approx([2 * c for c in one], abs=0.11)
+    only_one = bench.write_summary(interpreted, tmp_path / "one.md").read_text()
+    assert "| all ops |" not in only_one

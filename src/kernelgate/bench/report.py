@@ -433,6 +433,9 @@ def _first_calls(rows: Sequence[BenchRow]) -> list[str]:
     for op, by_impl in seconds.items():
         cells = [f"{by_impl[n]:.1f}" if n in by_impl else "" for n in names]
         lines.append(f"| {op} | " + " | ".join(cells) + f" | {sum(by_impl.values()):.1f} |")
+    if len(seconds) > 1:  # the run's fixed cost per implementation, against its time budget
+        totals = [sum(by_impl.get(n, 0.0) for by_impl in seconds.values()) for n in names]
+        lines.append("| all ops | " + " | ".join(f"{t:.1f}" for t in totals) + f" | {sum(totals):.1f} |")
     return [*lines, ""]
 
 

@@ -745,3 +745,18 @@ def test_out_of_range_target_on_the_gpu_gives_nan_without_a_device_assert() -> N
     torch.cuda.synchronize()
     assert_close(loss, reference, reduction_length=1000)
     assert loss[1:3].isnan().all() and loss[3] == 0
+
+
+def test_a_forward_planned_to_the_reference_runs_eager_autograd_from_the_second_call() -> None:
+    """Where cross_entropy_with_stats (the Function's forward) is planned to the reference, the next autograd call
+    of the signature runs cross_entropy's reference under eager autograd: torch's gradient, no Function."""
+    kernelgate.configure(warn_fallback=False)
+    logits = torch.randn(4, 50, requires_grad=True)
+    labels = torch.tensor([1, IGNORE, 49, 0])
+    first = cross_entropy(logits, labels)
+    assert "KernelgateFunction" in type(first.grad_fn).__name__
+    second = cross_entropy(logits, labels)
+    assert "KernelgateFunction" not in type(second.grad_fn).__name__
+    (dx,) = torch.autograd.grad(second, logits)
+    (expected,) = torch.autograd.grad(F.cross_entropy(logits, labels), logits)
+    assert_close(dx, expected, reduction_length=54)

@@ -606,8 +606,9 @@ class Op:
         return self._function.apply(*values)
 
     def _reference_route(self, values: tuple[Any, ...]) -> _Route | None:
-        """The memoised route of the forward of ``values`` (as the Function runs it, without grad) when that
-        is a plain reference call in mode ``auto`` or ``reference``, without logging; else ``None``.
+        """The memoised route of the forward of ``values`` (as the Function runs it, without grad, through
+        this op or its Backward's ``forward``) when that is a plain reference call in mode ``auto`` or
+        ``reference``, without logging; else ``None``.
 
         The key is the one _dispatch memoises for that call, with grad mode off; the first call of a
         signature finds nothing and goes through the Function, which plans it.
@@ -615,7 +616,9 @@ class Op:
         current = _settings_module._current or settings()
         if current.log_path is not None:
             return None
-        mode = effective_mode(self.name, self.mode, current.mode)
+        # The op the Function's forward runs: this one, or the Backward's forward with statistics.
+        forward = self.backward.forward if self.backward is not None and self.backward.forward is not None else self
+        mode = effective_mode(forward.name, forward.mode, current.mode)
         if mode not in ("auto", "reference"):
             return None
         signature: list[Any] = [
@@ -627,7 +630,7 @@ class Op:
             else:
                 signature.append((type(v), v))
         try:
-            route = self._memo.get(tuple(signature))
+            route = forward._memo.get(tuple(signature))
         except TypeError:  # an unhashable argument
             return None
         if route is None or route.run is not None or not route.reference_ok:

@@ -280,3 +280,39 @@ def test_compiled_softmax_along_a_leading_dim_has_the_planned_layout(name: str) 
         compiled = torch.compile(lambda t: op(t, 0) * 2, fullgraph=True)(x)
     assert eager.is_contiguous()
     assert_close(compiled, 2 * op.reference(x, 0), reduction_length=6)
+
+
+def _is_kernelgate_function(t: torch.Tensor) -> bool:
+    return t.grad_fn is not None and "KernelgateFunction" in type(t.grad_fn).__name__
+
+
+def test_a_forward_planned_to_the_reference_runs_eager_autograd_from_the_second_call() -> None:
+    """Once a signature's forward is planned to the reference (here: CPU tensors), an autograd call runs the reference
+    under eager autograd, as PyTorch would, instead of kernelgate's Function: same gradients, the fallback still
+    counted; the first call, which plans it, goes through the Function."""
+    kernelgate.configure(warn_fallback=False)
+    kernelgate.reset_fallbacks()
+    x = torch.randn(3, 40, requires_grad=True)
+    g = torch.randn(3, 40)
+    first = kernelgate.softmax(x, -1)
+    assert _is_kernelgate_function(first)
+    second = kernelgate.softmax(x, -1)
+    assert second.grad_fn is not None and not _is_kernelgate_function(second)
+    (dx,) = torch.autograd.grad(second, x, g)
+    (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
+    assert_close(dx, expected)
+    counts = {r.op: r.count for r in kernelgate.fallbacks()}
+    assert counts["softmax"] == 2, "both forwards took the reference and were counted"
+
+
+@pytest.mark.parametrize("setting", ["mode-triton", "mode-check", "log"])
+def test_the_function_is_kept_where_the_forward_is_not_a_plain_reference_call(setting: str, tmp_path: Path) -> None:
+    """Triton kernels (mode triton, interpreted), mode check and a launch log keep kernelgate's Function."""
+    kernelgate.configure(warn_fallback=False, log_path=tmp_path / "log.csv" if setting == "log" else None)
+    x = torch.randn(3, 40, requires_grad=True)
+    interpret = setting == "mode-triton"
+    mode = {"mode-triton": "triton", "mode-check": "check"}.get(setting, "auto")
+    with kernelgate.use_interpreter(interpret), kernelgate.use_mode(mode):
+        for _ in range(2):
+            y = kernelgate.softmax(x, -1)
+            assert _is_kernelgate_function(y)

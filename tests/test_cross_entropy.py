@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import kernelgate
 from every_config import check_every_config
 from kernelgate.errors import InputTypeError, InputValueError
-from kernelgate.ops.cross_entropy import cross_entropy, cross_entropy_backward
+from kernelgate.ops.cross_entropy import cross_entropy, cross_entropy_backward, cross_entropy_with_stats
 from kernelgate.tolerance import assert_close, assert_no_worse
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -291,7 +291,8 @@ def test_empty_batch(reduction: str) -> None:
         (dx,) = torch.autograd.grad(loss.sum(), logits)
     assert_close(loss.detach(), F.cross_entropy(logits, labels, label_smoothing=0.1, reduction=reduction).detach())
     assert dx.shape == (0, 11)
-    assert {r.op for r in kernelgate.fallbacks()} == {"cross_entropy", "cross_entropy_backward"}
+    # Under autograd the forward runs as cross_entropy_with_stats (it keeps row statistics for the backward).
+    assert {r.op for r in kernelgate.fallbacks()} == {"cross_entropy_with_stats", "cross_entropy_backward"}
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -524,8 +525,9 @@ def test_op_passes_float64_gradcheck_and_gradgradcheck() -> None:
     assert torch.autograd.gradgradcheck(lambda x: cross_entropy(x, labels, None, IGNORE, 0.1, "sum"), (logits,))
 
 
-def test_saved_tensors_are_the_inputs_only() -> None:
-    """The forward saves only its inputs (logits, target, weight): no softmax, no float32 copy, no lse buffer."""
+def test_saved_tensors_are_the_inputs_and_the_row_stats_only() -> None:
+    """The forward saves its inputs (logits, target, weight) and each row's (max, log-sum) in float32: no
+    softmax, no float32 copy of the logits."""
     saved: list[torch.Tensor] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -536,7 +538,11 @@ def test_saved_tensors_are_the_inputs_only() -> None:
     labels, weight = torch.tensor([1, 2, 3, 4]), torch.rand(9)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         cross_entropy(logits, labels, weight, IGNORE, 0.1, "mean")
-    assert sorted(t.data_ptr() for t in saved) == sorted(t.data_ptr() for t in (logits, labels, weight))
+    inputs = sorted(t.data_ptr() for t in (logits, labels, weight))
+    assert sorted(t.data_ptr() for t in saved[:3]) == inputs
+    [stats] = saved[3:]
+    assert (stats.shape, stats.dtype) == ((4, 2), torch.float32)
+    assert_close(stats[:, 0] + stats[:, 1], torch.logsumexp(logits.detach(), dim=-1))
 
 
 # --- torch.library and configurations ----------------------------------------------------------
@@ -572,8 +578,13 @@ def test_opcheck(make: Callable[[], tuple[object, ...]], interpret: bool) -> Non
     full = (*args, None, IGNORE, 0.0, "mean")[:6] if len(args) == 2 else args
     with kernelgate.use_interpreter(interpret):
         torch.library.opcheck(torch.ops.kernelgate.cross_entropy.default, full)
+        torch.library.opcheck(torch.ops.kernelgate.cross_entropy_with_stats.default, full)
         grad = torch.ones(tuple(cross_entropy(*full).shape))
-        torch.library.opcheck(torch.ops.kernelgate.cross_entropy_backward.default, (grad, full[0].detach(), *full[1:]))
+        plain = (full[0].detach(), *full[1:])
+        _, stats = cross_entropy_with_stats(*plain)
+        backward = torch.ops.kernelgate.cross_entropy_backward.default
+        torch.library.opcheck(backward, (grad, *plain, None))
+        torch.library.opcheck(backward, (grad, *plain, stats))
 
 
 CONFIG_CASES = [
@@ -586,7 +597,9 @@ CONFIG_CASES = [
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("shape", "weighted", "label_smoothing", "reduction"), CONFIG_CASES)
-@pytest.mark.parametrize("op_name", ["cross_entropy", "cross_entropy_backward"])
+@pytest.mark.parametrize(
+    "op_name", ["cross_entropy", "cross_entropy_with_stats", "cross_entropy_backward", "backward_with_stats"]
+)
 def test_every_config_matches_the_reference(
     target: torch.device,
     op_name: str,
@@ -597,17 +610,76 @@ def test_every_config_matches_the_reference(
     dtype: torch.dtype,
 ) -> None:
     """Each implementation that accepts the shape gives the reference's result under every configuration it keeps,
-    into NaN-filled outputs."""
-    op = cross_entropy if op_name == "cross_entropy" else cross_entropy_backward
+    into NaN-filled outputs (the backward also with the forward's row statistics)."""
     logits = _logits(shape, dtype, target)
     args: tuple[object, ...] = (
         logits, _target(*shape, target), _weight(shape[1], target) if weighted else None, IGNORE, label_smoothing,
         reduction,
     )  # fmt: skip
-    if op is cross_entropy_backward:
-        grad_shape = shape[:1] if reduction == "none" else ()
-        args = (_logits(grad_shape, dtype, target, seed=6), *args)
-    check_every_config(op, args, target.type == "cpu")
+    if op_name in ("cross_entropy", "cross_entropy_with_stats"):
+        op = cross_entropy if op_name == "cross_entropy" else cross_entropy_with_stats
+        check_every_config(op, args, target.type == "cpu")
+        return
+    grad_shape = shape[:1] if reduction == "none" else ()
+    stats = cross_entropy_with_stats.reference(*args)[1] if op_name == "backward_with_stats" else None
+    check_every_config(
+        cross_entropy_backward, (_logits(grad_shape, dtype, target, seed=6), *args, stats), target.type == "cpu"
+    )
+
+
+def test_backward_with_stats_reads_ignored_rows_itself() -> None:
+    """With the forward's statistics, a valid row uses them, while an ignored row (which the forward did not read,
+    its statistics -inf) is read again: its gradient is 0, or NaN where its logits hold NaN, as torch's."""
+    kernelgate.configure(tune=False)
+    logits = torch.randn(3, 20000)
+    logits[1, 7] = float("nan")
+    labels = torch.tensor([5, IGNORE, 19999])
+    args = (logits, labels, None, IGNORE, 0.0, "sum")
+    with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
+        _, stats = cross_entropy_with_stats(*args)
+        assert stats[1].isneginf().all(), "the forward skips an ignored row"
+        assert cross_entropy_backward.plan(torch.tensor(1.0), *args, stats).name == "looped"
+        dx = cross_entropy_backward(torch.tensor(1.0), *args, stats)
+    xr = logits.clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(F.cross_entropy(xr, labels, reduction="sum"), xr)
+    assert dx[1].isnan().all() and expected[1].isnan().all(), "0 * a NaN softmax row is NaN, as in torch"
+    assert_close(dx[[0, 2]], expected[[0, 2]], reduction_length=20000)
+
+
+def test_eager_autograd_runs_the_forward_with_stats_and_the_backward_uses_them() -> None:
+    """kernelgate.cross_entropy under eager autograd computes its loss with cross_entropy_with_stats, and the
+    backward receives those statistics; the gradient is torch's."""
+    kernelgate.configure(tune=False)
+    seen: list[torch.Tensor | None] = []
+    backward = cross_entropy_backward.reference
+
+    def spy(*args: object) -> torch.Tensor:
+        stats = args[7] if len(args) > 7 else None
+        seen.append(stats if isinstance(stats, torch.Tensor) else None)
+        return backward(*args)  # type: ignore[arg-type]
+
+    logits = torch.randn(4, 50, requires_grad=True)
+    labels = torch.tensor([1, IGNORE, 49, 0])
+    with kernelgate.use_mode("reference"):
+        original = cross_entropy_backward.reference
+        object.__setattr__(cross_entropy_backward, "reference", spy)
+        try:
+            (dx,) = torch.autograd.grad(cross_entropy(logits, labels), logits)
+        finally:
+            object.__setattr__(cross_entropy_backward, "reference", original)
+    [stats] = seen
+    assert stats is not None and stats.shape == (4, 2)
+    assert_close(stats[[0, 2, 3]].sum(-1), torch.logsumexp(logits.detach(), -1)[[0, 2, 3]])
+    xr = logits.detach().clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(F.cross_entropy(xr, labels), xr)
+    assert_close(dx, expected, reduction_length=54)
+
+
+def test_stats_of_the_wrong_shape_are_rejected() -> None:
+    """cross_entropy_backward names 'stats', the shape it needs, what came, and the remedy."""
+    logits, labels = torch.randn(4, 9), torch.tensor([1, 2, 3, 4])
+    with pytest.raises(InputValueError, match=r"'stats' must have shape \(4, 2\).*got \(4,\).*or None"):
+        cross_entropy_backward(torch.tensor(1.0), logits, labels, None, IGNORE, 0.0, "mean", torch.zeros(4))
 
 
 # --- the GPU: vocabularies of 32K to 256K ------------------------------------------------------
@@ -627,9 +699,15 @@ def test_large_vocabularies_on_the_gpu(shape: tuple[int, int]) -> None:
         loss = cross_entropy(*args)
         grad = torch.tensor(1.0, dtype=torch.bfloat16, device=device)
         dx = cross_entropy_backward(grad, *args)
+        loss_with_stats, stats = cross_entropy_with_stats(*args)
+        dx_from_stats = cross_entropy_backward(grad, *args, stats)
         smoothed = cross_entropy(*_args(logits, labels, None, 0.1, "none"))
     assert_close(loss, cross_entropy.reference(*args), reduction_length=cross_entropy.reduction_length(*args))
     assert_close(dx, cross_entropy_backward.reference(grad, *args), reduction_length=shape[1] + shape[0])
+    expected_loss, expected_stats = cross_entropy_with_stats.reference(*args)
+    assert_close(loss_with_stats, expected_loss, reduction_length=cross_entropy.reduction_length(*args))
+    assert_close(stats, expected_stats, reduction_length=shape[1])
+    assert_close(dx_from_stats, cross_entropy_backward.reference(grad, *args), reduction_length=shape[1] + shape[0])
     assert_close(
         smoothed, cross_entropy.reference(*_args(logits, labels, None, 0.1, "none")), reduction_length=shape[1]
     )
@@ -667,3 +745,18 @@ def test_out_of_range_target_on_the_gpu_gives_nan_without_a_device_assert() -> N
     torch.cuda.synchronize()
     assert_close(loss, reference, reduction_length=1000)
     assert loss[1:3].isnan().all() and loss[3] == 0
+
+
+def test_a_forward_planned_to_the_reference_runs_eager_autograd_from_the_second_call() -> None:
+    """Where cross_entropy_with_stats (the Function's forward) is planned to the reference, the next autograd call
+    of the signature runs cross_entropy's reference under eager autograd: torch's gradient, no Function."""
+    kernelgate.configure(warn_fallback=False)
+    logits = torch.randn(4, 50, requires_grad=True)
+    labels = torch.tensor([1, IGNORE, 49, 0])
+    first = cross_entropy(logits, labels)
+    assert "KernelgateFunction" in type(first.grad_fn).__name__
+    second = cross_entropy(logits, labels)
+    assert "KernelgateFunction" not in type(second.grad_fn).__name__
+    (dx,) = torch.autograd.grad(second, logits)
+    (expected,) = torch.autograd.grad(F.cross_entropy(logits, labels), logits)
+    assert_close(dx, expected, reduction_length=54)

@@ -120,8 +120,11 @@ def test_the_faster_candidate_wins_then_the_decision_is_cached(tmp_path: Path) -
     assert entry["candidates"]["fast"] < entry["candidates"]["slow"] < entry["reference_us"]
     seconds = entry["seconds"]
     assert seconds["compiled_ahead"] == "off", "nothing is compiled ahead for the interpreter"
-    # The gate ran each candidate once (2 ms for slow); the timing ran both and the reference (6 ms) five times.
-    assert seconds["gate"] >= 0.002 and seconds["timing"] >= 5 * (0.002 + 0.006) and seconds["compile_ahead"] < 0.01
+    # The gate ran each candidate once (2 ms for slow); the timing ran both five times (10 ms for
+    # slow), and the reference (6 ms) five times.
+    assert seconds["gate"] >= 0.002 and seconds["compile_ahead"] < 0.01
+    assert seconds["timing"] >= 5 * 0.002 and seconds["timing_reference"] >= 5 * 0.006
+    assert seconds["timed"] == "2 passed, 2 in full"
     assert kernelgate.fallbacks() == []
 
 
@@ -848,24 +851,35 @@ def test_many_passing_candidates_are_screened_and_only_finalists_get_the_full_ti
 @pytest.mark.parametrize(
     ("host_us", "device_us", "expected", "calls"),
     [
-        (5.0, 100.0, 100.0, 10),  # device-bound: the probe suffices
-        (30.0, 20.0, 30.0, 10 + 3 * 50),  # host-bound: timed in full, the host's time wins
-        (90.0, 100.0, 100.0, 10 + 3 * 50),  # close to the bound: timed in full, the device's time wins
+        (5.0, 100.0, 100.0, 10),  # device-bound: issuing 10 calls shows it, no full measurement
+        # Host-bound: timed in full; a round of 50 calls is 50 x 30 us of host, then the last kernel.
+        (30.0, 20.0, (50 * 30.0 + 20.0) / 50, 10 + 3 * 50),
+        # Near the bound: timed in full; a round is the first call's host time, then 50 kernels.
+        (90.0, 100.0, (90.0 + 50 * 100.0) / 50, 10 + 3 * 50),
     ],
 )
 def test_host_time_is_measured_in_full_only_where_it_may_decide(
     monkeypatch: pytest.MonkeyPatch, host_us: float, device_us: float, expected: float, calls: int
 ) -> None:
-    """bounded_by_host probes the host with a few calls and times it fully only near the device time."""
+    """bounded_by_host probes how fast the host issues calls and times it fully only near the device time.
+
+    A fake clock and GPU: each call costs host_us on the host and queues device_us of GPU work; a
+    synchronise waits until the GPU is done.
+    """
     from kernelgate import selection
 
     clock = [0.0]
+    gpu_done = [0.0]
     made: list[int] = []
 
-    def fn() -> None:  # a call that costs host_us of host time
+    def fn() -> None:
         made.append(1)
         clock[0] += host_us * 1e-6
+        gpu_done[0] = max(gpu_done[0], clock[0]) + device_us * 1e-6
+
+    def sync() -> None:
+        clock[0] = max(clock[0], gpu_done[0])
 
     monkeypatch.setattr(selection.time, "perf_counter", lambda: clock[0])
-    assert selection.bounded_by_host(fn, lambda: None, device_us) == pytest.approx(expected)
+    assert selection.bounded_by_host(fn, sync, device_us) == pytest.approx(expected)
     assert len(made) == calls

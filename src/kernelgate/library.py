@@ -43,10 +43,16 @@ class Backward:
         grads: ``grads(saved, grad_output) -> tuple``: one gradient per op argument, ``None`` for
             arguments that are not differentiable tensors. Typically calls other kernelgate ops
             (a backward op with its own reference, kernels, gate and tuning).
+        forward: optionally, an op with the same arguments that returns this op's output followed
+            by tensors the backward can reuse (statistics a kernel computes anyway, such as a row's
+            log-sum-exp). Eager autograd then runs it instead of the op, and appends those tensors
+            to what ``save`` returns. A traced call (the PyTorch operator) runs the op itself and
+            appends nothing, so ``grads`` must also work without them.
     """
 
     save: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
     grads: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
+    forward: Op | None = None
 
 
 def schema(op_name: str, specs: Sequence[ArgSpec], returns: str, mutates: Sequence[str]) -> str:
@@ -119,8 +125,13 @@ def autograd_function(op: Op) -> Any:
     """
 
     def forward(ctx: Any, *args: Any) -> Any:
-        output = op._call_untraced(args)
-        _setup(op, ctx, args, output)
+        with_extras = op.backward.forward if op.backward is not None else None
+        if with_extras is None:
+            output = op._call_untraced(args)
+            _setup(op, ctx, args, output)
+            return output
+        output, *extras = with_extras._call_untraced(args)
+        _setup(op, ctx, args, output, tuple(extras))
         return output
 
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
@@ -130,8 +141,8 @@ def autograd_function(op: Op) -> Any:
     return type(f"KernelgateFunction_{op.name}", (torch.autograd.Function,), methods)
 
 
-def _setup(op: Op, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    saved = op.backward.save(inputs, output) if op.backward is not None else tuple(inputs)
+def _setup(op: Op, ctx: Any, inputs: tuple[Any, ...], output: Any, extras: tuple[Any, ...] = ()) -> None:
+    saved = (*op.backward.save(inputs, output), *extras) if op.backward is not None else tuple(inputs)
     if all(isinstance(v, torch.Tensor) for v in saved):  # the common case: nothing to interleave
         ctx.save_for_backward(*saved)
         ctx.kernelgate_layout = None

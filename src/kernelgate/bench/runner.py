@@ -270,16 +270,19 @@ def _decision(op: Op, args: tuple[Any, ...], plan: Any) -> dict[str, tuple[Trito
     return found
 
 
+def _direct_launch(impl: TritonImpl, config: Config | None, interpret: bool) -> Callable[..., Any]:
+    if interpret:
+        return lambda *a: run_candidate(impl, config, a, True, False)
+    if impl.configs is not None:
+        return functools.partial(impl.launcher, config=config)
+    return impl.launcher
+
+
 def _triton_impl(
     op: Op, args: tuple[Any, ...], choice: tuple[TritonImpl, Config | None, float], interpret: bool
 ) -> _Impl:
     impl, config, tuned_us = choice
-    if interpret:
-        launch: Callable[..., Any] = lambda *a: run_candidate(impl, config, a, True, False)
-    elif impl.configs is not None:
-        launch = functools.partial(impl.launcher, config=config)
-    else:
-        launch = impl.launcher
+    launch = _direct_launch(impl, config, interpret)
     label = CandidateResult(impl.name, config, "pass").label
     result = _Impl(f"triton:{impl.name}", lambda: launch(*args), note=f"{label}; tuned {tuned_us:.1f} us")
     declared = op.backward
@@ -288,14 +291,24 @@ def _triton_impl(
         result.note += "; forward+backward: the op declares no Backward (autograd of the reference)"
         return result
 
+    # As under eager autograd: where the Backward names a forward that also returns statistics for
+    # the backward, the same implementation and configuration of that forward runs.
+    stats_op = declared.forward
+    twin = next((i for i in stats_op.implementations if i.name == impl.name), None) if stats_op else None
+    if twin is not None and stats_op is not None:
+        forward_with_extras = _direct_launch(twin, config, interpret)
+        result.note += f"; forward+backward: its forward as {stats_op.name}"
+
     def make() -> Callable[[], Any]:
         outputs = _tensors(launch(*args))
         grads = [torch.randn_like(t) for t in outputs]
         grad: Any = grads[0] if len(grads) == 1 else tuple(grads)
 
         def step() -> Any:
-            y = launch(*args)
-            return declared.grads(declared.save(args, y), grad)
+            if twin is None:
+                return declared.grads(declared.save(args, launch(*args)), grad)
+            y, *extras = forward_with_extras(*args)
+            return declared.grads((*declared.save(args, y), *extras), grad)
 
         return step
 

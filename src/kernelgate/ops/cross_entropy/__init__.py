@@ -1,4 +1,5 @@
-"""cross_entropy: declaration, launchers and the op object ``kernelgate.cross_entropy``.
+"""cross_entropy: declarations, launchers and the ops ``kernelgate.cross_entropy``, ``cross_entropy_with_stats``
+(the loss and each row's statistics, the forward under autograd) and ``cross_entropy_backward``.
 
 ``cross_entropy(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean")``
 is :func:`torch.nn.functional.cross_entropy` for ``(N, C)`` (or ``(C,)``) logits and int64 class
@@ -10,14 +11,18 @@ Memory traffic, for ``N x C`` logits of ``b`` bytes each:
 - forward: reads the logits once (``N*C*b``; rows whose target is ignored are not read) and writes
   ``N`` losses; with smoothing and ``weight`` it also reads the weights per row, from L2. ``"mean"``
   and ``"sum"`` add one program summing ``N`` float32 losses (and target weights).
-- backward: writes ``N*C*b``. A row of up to 16384 classes is read once (held in registers);
-  a longer row is read twice, once for its log-sum-exp and once to write the gradient. The second
-  read of a row of 32000 bf16 (64 KB) mostly hits L2; rows of 128K-256K classes mostly do not, so
-  the backward then moves about ``3*N*C*b`` (the forward's log-sum-exp is not reused: an op's
-  backward sees only its inputs and its one output).
+- backward: writes ``N*C*b``. A row of up to 16384 classes is read once (held in registers). A
+  longer row is read once too when the backward gets the forward's row statistics (``stats``: each
+  row's maximum and log-sum, 8 bytes a row), as under eager autograd, where the forward runs as
+  ``cross_entropy_with_stats``; without them (a traced call, or a direct call without ``stats``) it
+  is read twice, once for its log-sum-exp and once to write the gradient. The second read of a row
+  of 32000 bf16 (64 KB) mostly hits L2; rows of 128K-256K classes mostly do not, so that backward
+  moves about ``3*N*C*b`` instead of ``2*N*C*b``. Ignored rows, which the forward does not read, are
+  always read twice.
 
 Extra memory: ``N`` float32 per-row losses for ``"sum"``, and ``N`` more target weights for ``"mean"``;
-one float32 in the backward of ``"mean"``; no float32 copy of the logits, no softmax buffer. The loss
+``2*N`` float32 statistics kept for the backward under autograd; one float32 in the backward of
+``"mean"``; no float32 copy of the logits, no softmax buffer. The loss
 and the gradient of ``"mean"`` divide by a sum the device computes, and the backward reads the
 incoming gradient on the device: nothing synchronises.
 
@@ -44,9 +49,10 @@ from kernelgate.ops.cross_entropy.reference import (
     check_cross_entropy_inputs,
     cross_entropy_backward_reference,
     cross_entropy_reference,
+    cross_entropy_with_stats_reference,
 )
 
-__all__ = ["cross_entropy", "cross_entropy_backward"]
+__all__ = ["cross_entropy", "cross_entropy_backward", "cross_entropy_with_stats"]
 
 _KERNELS = "kernelgate.ops.cross_entropy.kernels"
 # The kernels are imported on first launch: `import kernelgate` works without Triton.
@@ -87,7 +93,9 @@ def _forward(
     reduction: str,
     block: int,
     num_warps: int,
-) -> torch.Tensor:
+    with_stats: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The loss, and with ``with_stats`` each row's ``(m, log(s))`` (see cross_entropy_with_stats)."""
     check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
     rows = as_rows(logits, "logits")
     t, stride_t = _flat_target(target)
@@ -99,49 +107,65 @@ def _forward(
         # Scratch the kernel fills entirely: float32 per row, summed below in a fixed order.
         loss = torch.empty(rows.n_rows, dtype=torch.float32, device=device)
         target_weight = torch.empty(rows.n_rows, dtype=torch.float32, device=device) if reduction == "mean" else loss
+    stats = empty((*target.shape, 2), dtype=torch.float32, device=device) if with_stats else loss
     launch(
-        CROSS_ENTROPY_FWD, (rows.n_rows,), rows.tensor, t, _weight(weight, rows.tensor), loss, target_weight,
+        CROSS_ENTROPY_FWD, (rows.n_rows,), rows.tensor, t, _weight(weight, rows.tensor), loss, target_weight, stats,
         rows.stride, stride_t, rows.n_cols, ignore_index, float(label_smoothing),
         HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, WRITE_TARGET_WEIGHT=reduction == "mean",
-        BLOCK_N=block, num_warps=num_warps,
+        WRITE_STATS=with_stats, BLOCK_N=block, num_warps=num_warps,
     )  # fmt: skip
     if reduction == "none":
-        return loss
+        return loss, stats if with_stats else None
     out = empty((), dtype=logits.dtype, device=device)
     launch(
         CROSS_ENTROPY_REDUCE, (1,), loss, target_weight, out, rows.n_rows,
         MEAN=reduction == "mean", BLOCK_M=REDUCE_BLOCK, num_warps=4,
     )  # fmt: skip
-    return out
+    return out, stats if with_stats else None
 
 
-def _launch_single_block(
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    ignore_index: int = -100,
-    label_smoothing: float = 0.0,
-    reduction: str = "mean",
-    *,
-    config: Config,
-) -> torch.Tensor:
-    block = rowwise.single_block(_n_cols(logits))
-    return _forward(logits, target, weight, ignore_index, label_smoothing, reduction, block, config["num_warps"])
+def _forward_launchers(with_stats: bool) -> tuple[Any, Any]:
+    """The single-block and looped launchers of cross_entropy, or of cross_entropy_with_stats."""
 
+    def result(loss: torch.Tensor, stats: torch.Tensor | None) -> Any:
+        return (loss, stats) if with_stats else loss
 
-def _launch_looped(
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    ignore_index: int = -100,
-    label_smoothing: float = 0.0,
-    reduction: str = "mean",
-    *,
-    config: Config,
-) -> torch.Tensor:
-    return _forward(
-        logits, target, weight, ignore_index, label_smoothing, reduction, config["BLOCK_N"], config["num_warps"]
-    )
+    def single_block(
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        *,
+        config: Config,
+    ) -> Any:
+        block = rowwise.single_block(_n_cols(logits))
+        return result(
+            *_forward(
+                logits, target, weight, ignore_index, label_smoothing, reduction, block, config["num_warps"],
+                with_stats,
+            )
+        )  # fmt: skip
+
+    def looped(
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        *,
+        config: Config,
+    ) -> Any:
+        return result(
+            *_forward(
+                logits, target, weight, ignore_index, label_smoothing, reduction, config["BLOCK_N"],
+                config["num_warps"], with_stats,
+            )
+        )  # fmt: skip
+
+    return single_block, looped
 
 
 def _backward(
@@ -152,11 +176,12 @@ def _backward(
     ignore_index: int,
     label_smoothing: float,
     reduction: str,
-    kernel: LazyKernel,
+    stats: torch.Tensor | None,
+    looped: bool,
     block: int,
     num_warps: int,
 ) -> torch.Tensor:
-    check_cross_entropy_inputs("cross_entropy_backward", logits, target, reduction, grad)
+    check_cross_entropy_inputs("cross_entropy_backward", logits, target, reduction, grad, stats)
     rows = as_rows(logits, "logits")
     t, stride_t = _flat_target(target)
     w = _weight(weight, rows.tensor)
@@ -171,10 +196,15 @@ def _backward(
         share = grad
         stride_g = grad.stride(0) if grad.dim() else 0  # 0 also for a gradient expanded over the rows
     dx = empty(logits.shape, dtype=logits.dtype, device=logits.device)  # contiguous: rows n_cols apart
+    pointers: tuple[torch.Tensor, ...] = (share, rows.tensor, t, w, dx)
+    meta: dict[str, Any] = {}
+    if looped:  # a row held in one block gets its max and sum for free: only the looped kernel reads stats
+        pointers = (share, rows.tensor, t, w, rows.tensor if stats is None else stats, dx)
+        meta["HAS_STATS"] = stats is not None
     launch(
-        kernel, (rows.n_rows,), share, rows.tensor, t, w, dx, stride_g, rows.stride, stride_t, rows.n_cols,
-        rows.n_cols, ignore_index, float(label_smoothing),
-        HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, BLOCK_N=block, num_warps=num_warps,
+        CROSS_ENTROPY_BWD_LOOPED if looped else CROSS_ENTROPY_BWD, (rows.n_rows,), *pointers, stride_g, rows.stride,
+        stride_t, rows.n_cols, rows.n_cols, ignore_index, float(label_smoothing),
+        HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, BLOCK_N=block, num_warps=num_warps, **meta,
     )  # fmt: skip
     return dx
 
@@ -187,12 +217,13 @@ def _launch_backward_single_block(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    stats: torch.Tensor | None = None,
     *,
     config: Config,
 ) -> torch.Tensor:
     block = rowwise.single_block(_n_cols(logits))
     return _backward(
-        grad, logits, target, weight, ignore_index, label_smoothing, reduction, CROSS_ENTROPY_BWD, block,
+        grad, logits, target, weight, ignore_index, label_smoothing, reduction, stats, False, block,
         config["num_warps"],
     )  # fmt: skip
 
@@ -205,12 +236,13 @@ def _launch_backward_looped(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    stats: torch.Tensor | None = None,
     *,
     config: Config,
 ) -> torch.Tensor:
     return _backward(
-        grad, logits, target, weight, ignore_index, label_smoothing, reduction, CROSS_ENTROPY_BWD_LOOPED,
-        config["BLOCK_N"], config["num_warps"],
+        grad, logits, target, weight, ignore_index, label_smoothing, reduction, stats, True, config["BLOCK_N"],
+        config["num_warps"],
     )  # fmt: skip
 
 
@@ -302,19 +334,38 @@ def _contract(*leading: TensorArg) -> tuple[Any, ...]:
     )
 
 
+# The row statistics the forward hands to the backward: (n_rows, 2) float32, or (2,) for (C,) logits.
+_STATS = TensorArg("stats", dtypes=(torch.float32,), min_rank=1, optional=True)
+
 cross_entropy_backward = Op(
     "cross_entropy_backward",
     reference=cross_entropy_backward_reference,
-    args=_contract(TensorArg("grad")),
+    args=(*_contract(TensorArg("grad")), _STATS),
     implementations=_impls(
         _launch_backward_single_block,
         _launch_backward_looped,
         ((CROSS_ENTROPY_BWD, CROSS_ENTROPY_BWD_SCALE), (CROSS_ENTROPY_BWD_LOOPED, CROSS_ENTROPY_BWD_SCALE)),
         skip=1,
     ),
-    bucket=lambda grad, *args: _bucket(*args),
-    reduction_length=lambda grad, *args: _reduction_length(*args),
+    # With the forward's statistics the looped kernel reads a valid row once: its own bucket.
+    bucket=lambda grad, *args: (*_bucket(*args[:6]), len(args) > 6 and args[6] is not None),
+    reduction_length=lambda grad, *args: _reduction_length(*args[:6]),
     make_inputs=_make_backward_inputs,
+)
+
+cross_entropy_with_stats = Op(
+    "cross_entropy_with_stats",
+    reference=cross_entropy_with_stats_reference,
+    args=_contract(),
+    implementations=_impls(
+        *_forward_launchers(with_stats=True),
+        ((CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE), (CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE)),
+        skip=0,
+    ),
+    bucket=_bucket,
+    reduction_length=_reduction_length,
+    make_inputs=_make_inputs,
+    returns="(Tensor, Tensor)",
 )
 
 
@@ -329,7 +380,11 @@ def _save(inputs: tuple[Any, ...], loss: torch.Tensor) -> tuple[Any, ...]:
 
 
 def _grads(saved: tuple[Any, ...], grad: torch.Tensor) -> tuple[Any, ...]:
-    return (cross_entropy_backward(grad, *saved), None, None, None, None, None)
+    # The six inputs, then the forward's row statistics where the eager autograd path kept them. They
+    # carry no autograd history, so a backward that is itself differentiated (create_graph, where
+    # grad mode is on) recomputes them from the logits.
+    stats = saved[6] if len(saved) > 6 and not torch.is_grad_enabled() else None
+    return (cross_entropy_backward(grad, *saved[:6], stats), None, None, None, None, None)
 
 
 cross_entropy = Op(
@@ -337,15 +392,15 @@ cross_entropy = Op(
     reference=cross_entropy_reference,
     args=_contract(),
     implementations=_impls(
-        _launch_single_block,
-        _launch_looped,
+        *_forward_launchers(with_stats=False),
         ((CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE), (CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE)),
         skip=0,
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,
-    # The backward recomputes each row's log-sum-exp from the logits (held by autograd anyway)
-    # rather than keeping it: the op's one output is the loss, and nothing else is saved.
-    backward=Backward(save=_save, grads=_grads),
+    # Under eager autograd the forward is cross_entropy_with_stats: each row's maximum and log-sum
+    # are kept (8 bytes a row), so the backward reads a long row once instead of twice. A traced
+    # call (the PyTorch operator) keeps only the inputs, and the backward recomputes them.
+    backward=Backward(save=_save, grads=_grads, forward=cross_entropy_with_stats),
     make_inputs=_make_inputs,
 )

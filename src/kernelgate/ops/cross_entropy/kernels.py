@@ -18,15 +18,17 @@ import triton.language as tl
 
 @triton.jit
 def _cross_entropy_fwd_kernel(
-    x_ptr, target_ptr, weight_ptr, loss_ptr, target_weight_ptr, stride_xm, stride_tm, n_cols, ignore_index,
-    label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, WRITE_TARGET_WEIGHT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    x_ptr, target_ptr, weight_ptr, loss_ptr, target_weight_ptr, stats_ptr, stride_xm, stride_tm, n_cols,
+    ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    WRITE_TARGET_WEIGHT: tl.constexpr, WRITE_STATS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """loss[m] = (1 - eps) * w[t] * (lse - x[t]) + eps / C * sum_c w[c] * (lse - x[c]), in one read of the row.
 
     x_ptr: (n_rows, n_cols). target_ptr: (n_rows,) int64, ``stride_tm`` apart. weight_ptr: (n_cols,)
     (read only with HAS_WEIGHT). loss_ptr: (n_rows,), the output dtype or float32. target_weight_ptr:
-    (n_rows,) float32, ``w[t]`` (0 unless valid), written only with WRITE_TARGET_WEIGHT.
+    (n_rows,) float32, ``w[t]`` (0 unless valid), written only with WRITE_TARGET_WEIGHT. stats_ptr:
+    (n_rows, 2) float32, the row's ``m`` and ``log(s)`` (so ``lse = m + log(s)``; both -inf for a row
+    that is not valid, which is not read), written only with WRITE_STATS, for the backward.
     Grid: (n_rows,). The smoothing term (only with HAS_SMOOTHING) is ``W * (lse - p) - sum(w * (x - p))``
     with the pivot ``p = x[t]``, which takes a common offset of the logits out of the sum.
 
@@ -75,6 +77,9 @@ def _cross_entropy_fwd_kernel(
     tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
     if WRITE_TARGET_WEIGHT:
         tl.store(target_weight_ptr + row, w_t)
+    if WRITE_STATS:
+        tl.store(stats_ptr + 2 * row, m)
+        tl.store(stats_ptr + 2 * row + 1, log_s)
 
 
 @triton.jit
@@ -175,14 +180,17 @@ def _cross_entropy_bwd_kernel(
 
 @triton.jit
 def _cross_entropy_bwd_looped_kernel(
-    grad_ptr, x_ptr, target_ptr, weight_ptr, dx_ptr, stride_gm, stride_xm, stride_tm, stride_dxm, n_cols,
-    ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_N: tl.constexpr,
+    grad_ptr, x_ptr, target_ptr, weight_ptr, stats_ptr, dx_ptr, stride_gm, stride_xm, stride_tm, stride_dxm, n_cols,
+    ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_STATS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """The gradient of a row longer than one block: a pass for the log-sum-exp, then one writing dx.
+    """The gradient of a row longer than one block: the row's ``m`` and ``log(s)``, then one pass writing dx.
 
-    Pointers as in :func:`_cross_entropy_bwd_kernel`; grid (n_rows,). Reads the row twice (the first
-    pass asks the cache to keep it, so the second mostly hits L2 for rows of a few 10K elements) and
-    writes it once. Even an ignored row is read, so that its gradient is NaN exactly where torch's is.
+    Pointers as in :func:`_cross_entropy_bwd_kernel`; grid (n_rows,). stats_ptr: (n_rows, 2) float32,
+    the forward's ``m`` and ``log(s)`` per row (read only with HAS_STATS). A valid row with HAS_STATS
+    is read once and written once. Otherwise a first pass computes them (asking the cache to keep the
+    row, so the second read mostly hits L2 for rows of a few 10K elements): an ignored row is always
+    read, so that its gradient is NaN exactly where torch's is, since the forward did not read it.
     """
     row = tl.program_id(0)
     t = tl.load(target_ptr + row * stride_tm)
@@ -191,10 +199,10 @@ def _cross_entropy_bwd_looped_kernel(
     t_safe = tl.where(valid, t, 0)
     g = tl.where(valid, tl.load(grad_ptr + row * stride_gm).to(tl.float32), 0.0)
     x_row = x_ptr + row * stride_xm
+    first_pass = tl.where(valid, 0, n_cols) if HAS_STATS else n_cols
     m = tl.full((), float("-inf"), tl.float32)
     s = tl.zeros([BLOCK_N], tl.float32)
-    sum_w = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
+    for start in range(0, first_pass, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
         x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_last").to(tl.float32)
@@ -202,14 +210,18 @@ def _cross_entropy_bwd_looped_kernel(
         s = s * tl.where(m_new == m, 1.0, tl.exp(m - m_new))
         s += tl.exp(x - tl.where(m_new == float("-inf"), 0.0, m_new))
         m = m_new
-        if HAS_WEIGHT and HAS_SMOOTHING:
-            sum_w += tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     log_s = tl.log(tl.sum(s, axis=0))
-    if HAS_WEIGHT:
-        w_t = tl.load(weight_ptr + t_safe, mask=valid, other=0.0).to(tl.float32)
+    if HAS_STATS:
+        m = tl.where(valid, tl.load(stats_ptr + 2 * row, mask=valid, other=0.0), m)
+        log_s = tl.where(valid, tl.load(stats_ptr + 2 * row + 1, mask=valid, other=0.0), log_s)
+    w_t = tl.load(weight_ptr + t_safe, mask=valid, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+    if HAS_WEIGHT and HAS_SMOOTHING:
+        sum_w = tl.zeros([BLOCK_N], tl.float32)  # W: the weights are a few KB to 1 MB, read from L2
+        for start in range(0, n_cols, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            sum_w += tl.load(weight_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         total_w = tl.sum(sum_w, axis=0)
     else:
-        w_t = 1.0
         total_w = n_cols + 0.0
     dx_row = dx_ptr + row * stride_dxm
     for start in range(0, n_cols, BLOCK_N):

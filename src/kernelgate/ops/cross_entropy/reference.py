@@ -19,15 +19,27 @@ too and no kernel reads outside the logits.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kernelgate.errors import InputTypeError, InputValueError
 
-__all__ = ["check_cross_entropy_inputs", "cross_entropy_backward_reference", "cross_entropy_reference"]
+__all__ = [
+    "check_cross_entropy_inputs",
+    "cross_entropy_backward_reference",
+    "cross_entropy_reference",
+    "cross_entropy_with_stats_reference",
+]
 
 
 def check_cross_entropy_inputs(
-    op: str, logits: torch.Tensor, target: torch.Tensor, reduction: str, grad: torch.Tensor | None = None
+    op: str,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    reduction: str,
+    grad: torch.Tensor | None = None,
+    stats: torch.Tensor | None = None,
 ) -> None:
     """Raise unless the shapes and the target's dtype are ones :func:`cross_entropy_reference` accepts.
 
@@ -67,6 +79,12 @@ def check_cross_entropy_inputs(
                 f"{op}(): argument 'grad' must have the loss's shape {grad_shape} for reduction={reduction!r}; "
                 f"got {tuple(grad.shape)}. Pass the gradient of the loss this call computes."
             )
+    if stats is not None and tuple(stats.shape) != (*want, 2):
+        raise InputValueError(
+            f"{op}(): argument 'stats' must have shape {(*want, 2)} (each row's maximum and log-sum, as "
+            f"cross_entropy_with_stats returns them for these logits); got {tuple(stats.shape)}. Pass the stats "
+            f"of the same logits, or None to recompute them."
+        )
 
 
 def _out_of_range(target: torch.Tensor, n_classes: int, ignore_index: int) -> torch.Tensor:
@@ -137,6 +155,44 @@ def cross_entropy_reference(
     return (total / divisor).to(logits.dtype)
 
 
+def _row_stats(x: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+    """Per row of ``x`` (float): ``(m, log(s))`` with ``m`` the maximum (NaN ignored) and ``s`` the sum of
+    ``exp(x - m)``, both -inf for a row not ``counted``; shape ``(rows, 2)``."""
+    m = x.masked_fill(x.isnan(), float("-inf")).amax(dim=-1) if x.shape[-1] else x.new_full(x.shape[:1], -math.inf)
+    # A row of only -inf has s = 0 (log(s) = -inf), not NaN: subtract 0 there.
+    log_s = (x - torch.where(m == float("-inf"), 0.0, m).unsqueeze(-1)).exp().sum(dim=-1).log()
+    stats = torch.stack([m, log_s], dim=-1)
+    return stats.masked_fill(~counted.unsqueeze(-1), float("-inf"))
+
+
+def cross_entropy_with_stats_reference(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss of :func:`cross_entropy_reference`, and each row's statistics for the backward.
+
+    ``stats[i] = (m, log(s))``: ``m`` the row's maximum (ignoring NaN), ``s = sum_c exp(x[i, c] - m)``,
+    so that ``logsumexp(x[i]) = m + log(s)`` and ``softmax(x[i]) = exp((x[i] - m) - log(s))``.
+    Float32, shape ``(N, 2)`` (``(2,)`` for ``(C,)`` logits); both -inf for a row whose target is
+    ``ignore_index`` or out of range, which the kernels do not read.
+
+    >>> loss, stats = cross_entropy_with_stats_reference(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
+    >>> round(loss.item(), 4), [round(v, 4) for v in stats[0].tolist()]
+    (0.6931, [0.0, 0.6931])
+    """
+    loss = cross_entropy_reference(logits, target, weight, ignore_index, label_smoothing, reduction)
+    n_classes = logits.shape[-1]
+    x = logits.to(_compute_dtype(logits.dtype)).reshape(-1, n_classes)
+    flat = target.reshape(-1)
+    counted = (flat != ignore_index) & (flat >= 0) & (flat < n_classes)
+    stats = _row_stats(x, counted).to(torch.float32)
+    return loss, stats.reshape(*target.shape, 2)
+
+
 def cross_entropy_backward_reference(
     grad: torch.Tensor,
     logits: torch.Tensor,
@@ -145,6 +201,7 @@ def cross_entropy_backward_reference(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    stats: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The gradient of :func:`cross_entropy_reference` with respect to ``logits``, given ``grad`` of the loss.
 
@@ -155,13 +212,15 @@ def cross_entropy_backward_reference(
         dx[i, c] = s[i] * (p[c] * ((1 - eps) * w[t] + eps / C * W) - (1 - eps) * w[t] * [c == t] - eps / C * w[c])
 
     An ignored row is ``0 * (...)``: zero, or NaN where its softmax is NaN, as torch's. Computed in
-    float32 (float64 for float64), returned in ``logits.dtype``.
+    float32 (float64 for float64), returned in ``logits.dtype``. With ``stats`` (the forward's, see
+    :func:`cross_entropy_with_stats_reference`), a counted row's ``p`` is ``exp((x - m) - log(s))``
+    from them; other rows compute their softmax.
 
     >>> x = torch.tensor([[0.0, 0.0]])
     >>> cross_entropy_backward_reference(torch.tensor(1.0), x, torch.tensor([0])).tolist()
     [[-0.5, 0.5]]
     """
-    check_cross_entropy_inputs("cross_entropy_backward", logits, target, reduction, grad)
+    check_cross_entropy_inputs("cross_entropy_backward", logits, target, reduction, grad, stats)
     n_classes = logits.shape[-1]
     x = logits.to(_compute_dtype(logits.dtype)).reshape(-1, n_classes)
     flat = target.reshape(-1)
@@ -176,6 +235,9 @@ def cross_entropy_backward_reference(
     share = torch.where(counted, g.expand(flat.shape), 0.0)
     eps, smooth = label_smoothing, label_smoothing / max(n_classes, 1)
     p = torch.softmax(x, dim=-1)
+    if stats is not None:
+        m, log_s = stats.reshape(-1, 2).to(x.dtype).unbind(-1)
+        p = torch.where(counted.unsqueeze(-1), ((x - m.unsqueeze(-1)) - log_s.unsqueeze(-1)).exp(), p)
     k = (1 - eps) * w_target + smooth * w.sum()
     one_hot = torch.arange(n_classes, device=x.device) == safe.unsqueeze(-1)
     dx = p * k.unsqueeze(-1) - ((1 - eps) * w_target).unsqueeze(-1) * one_hot - smooth * w

@@ -31,10 +31,9 @@ __all__ = ["geglu", "geglu_backward", "swiglu", "swiglu_backward"]
 
 # The kernels are imported on first launch: `import kernelgate` works without Triton.
 _KERNELS = "kernelgate.ops.glu.kernels"
-SWIGLU_FWD = LazyKernel(_KERNELS, "_swiglu_fwd_kernel")
-SWIGLU_BWD = LazyKernel(_KERNELS, "_swiglu_bwd_kernel")
-GEGLU_FWD = LazyKernel(_KERNELS, "_geglu_fwd_kernel")
-GEGLU_BWD = LazyKernel(_KERNELS, "_geglu_bwd_kernel")
+# One kernel pair for both ops; the activation is a compile-time constant.
+GLU_FWD = LazyKernel(_KERNELS, "_glu_fwd_kernel")
+GLU_BWD = LazyKernel(_KERNELS, "_glu_bwd_kernel")
 
 BLOCKS = (256, 512, 1024, 2048, 4096)
 CONFIGS = ConfigSpace(BLOCK=BLOCKS, num_warps=(2, 4, 8))
@@ -184,13 +183,13 @@ def _impl(launcher: Callable[..., Any], kernel: LazyKernel, tensors: Callable[..
 
 
 def _launch_swiglu(gate: torch.Tensor, up: torch.Tensor | None = None, *, config: Config) -> torch.Tensor:
-    return _run_forward("swiglu", SWIGLU_FWD, gate, up, config)
+    return _run_forward("swiglu", GLU_FWD, gate, up, config, ACTIVATION="silu")
 
 
 def _launch_swiglu_backward(
     grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None = None, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run_backward("swiglu_backward", SWIGLU_BWD, grad, gate, up, config)
+    return _run_backward("swiglu_backward", GLU_BWD, grad, gate, up, config, ACTIVATION="silu")
 
 
 def _make_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,7 +216,7 @@ swiglu_backward = Op(
     "swiglu_backward",
     reference=swiglu_backward_reference,
     args=_GLU_BACKWARD_ARGS,
-    implementations=(_impl(_launch_swiglu_backward, SWIGLU_BWD, lambda grad, gate, up: (gate, up, grad)),),
+    implementations=(_impl(_launch_swiglu_backward, GLU_BWD, lambda grad, gate, up: (gate, up, grad)),),
     bucket=lambda grad, gate, up: _bucket(gate, up),
     returns="(Tensor, Tensor)",
     make_inputs=_make_backward_inputs,
@@ -227,7 +226,7 @@ swiglu = Op(
     "swiglu",
     reference=swiglu_reference,
     args=_GLU_ARGS,
-    implementations=(_impl(_launch_swiglu, SWIGLU_FWD, lambda gate, up: (gate, up)),),
+    implementations=(_impl(_launch_swiglu, GLU_FWD, lambda gate, up: (gate, up)),),
     bucket=_bucket,
     # The gradient needs only the inputs (held by autograd anyway): silu is recomputed in the
     # backward kernel rather than kept, so the forward allocates nothing extra.
@@ -241,16 +240,20 @@ swiglu = Op(
 # --- geglu ---------------------------------------------------------------------------------------
 
 
+def _gelu_activation(approximate: str) -> str:
+    return "gelu_tanh" if approximate == "tanh" else "gelu"
+
+
 def _launch_geglu(
     gate: torch.Tensor, up: torch.Tensor | None = None, approximate: str = "none", *, config: Config
 ) -> torch.Tensor:
-    return _run_forward("geglu", GEGLU_FWD, gate, up, config, APPROXIMATE_TANH=approximate == "tanh")
+    return _run_forward("geglu", GLU_FWD, gate, up, config, ACTIVATION=_gelu_activation(approximate))
 
 
 def _launch_geglu_backward(
     grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor | None = None, approximate: str = "none", *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _run_backward("geglu_backward", GEGLU_BWD, grad, gate, up, config, APPROXIMATE_TANH=approximate == "tanh")
+    return _run_backward("geglu_backward", GLU_BWD, grad, gate, up, config, ACTIVATION=_gelu_activation(approximate))
 
 
 _APPROXIMATE = ChoiceArg("approximate", ("none", "tanh"))
@@ -259,7 +262,7 @@ geglu_backward = Op(
     "geglu_backward",
     reference=geglu_backward_reference,
     args=(*_GLU_BACKWARD_ARGS, _APPROXIMATE),
-    implementations=(_impl(_launch_geglu_backward, GEGLU_BWD, lambda grad, gate, up, approximate: (gate, up, grad)),),
+    implementations=(_impl(_launch_geglu_backward, GLU_BWD, lambda grad, gate, up, approximate: (gate, up, grad)),),
     bucket=lambda grad, gate, up, approximate: (*_bucket(gate, up), approximate),
     returns="(Tensor, Tensor)",
     make_inputs=lambda shape, dtype, device: (*_make_backward_inputs(shape, dtype, device), "none"),
@@ -269,7 +272,7 @@ geglu = Op(
     "geglu",
     reference=geglu_reference,
     args=(*_GLU_ARGS, _APPROXIMATE),
-    implementations=(_impl(_launch_geglu, GEGLU_FWD, lambda gate, up, approximate: (gate, up)),),
+    implementations=(_impl(_launch_geglu, GLU_FWD, lambda gate, up, approximate: (gate, up)),),
     bucket=lambda gate, up, approximate: (*_bucket(gate, up), approximate),
     backward=Backward(
         save=lambda inputs, y: tuple(inputs), grads=lambda saved, grad: _glu_grads(geglu_backward, saved, grad)

@@ -57,30 +57,27 @@ def _silu_and_grad(x):
 
 
 @triton.jit
-def _swiglu_fwd_kernel(
-    g_ptr, u_ptr, y_ptr, stride_gm, stride_um, stride_ym, n_cols, n_col_blocks, BLOCK: tl.constexpr
-):  # fmt: skip
-    """y[m, n] = silu(g[m, n]) * u[m, n].
-
-    g_ptr, u_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows * n_col_blocks,), n_col_blocks = cdiv(n_cols, BLOCK).
-    Reads g and u once, writes y once.
-    """
-    pid = tl.program_id(0)
-    row = pid // n_col_blocks
-    cols = (pid - row * n_col_blocks) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    g = tl.load(g_ptr + row * stride_gm + cols, mask=mask).to(tl.float32)
-    u = tl.load(u_ptr + row * stride_um + cols, mask=mask).to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+def _activation(x, ACTIVATION: tl.constexpr):
+    """silu(x), gelu(x) or its tanh form (ACTIVATION "silu", "gelu" or "gelu_tanh"), in float32."""
+    return x / (1.0 + tl.exp(-x)) if ACTIVATION == "silu" else _gelu(x, ACTIVATION == "gelu_tanh")
 
 
 @triton.jit
-def _geglu_fwd_kernel(
+def _activation_and_grad(x, ACTIVATION: tl.constexpr):
+    """(act(x), act'(x)) in float32 for ACTIVATION "silu", "gelu" or "gelu_tanh"."""
+    if ACTIVATION == "silu":
+        act, dact = _silu_and_grad(x)
+    else:
+        act, dact = _gelu_and_grad(x, ACTIVATION == "gelu_tanh")
+    return act, dact
+
+
+@triton.jit
+def _glu_fwd_kernel(
     g_ptr, u_ptr, y_ptr, stride_gm, stride_um, stride_ym, n_cols, n_col_blocks,
-    APPROXIMATE_TANH: tl.constexpr, BLOCK: tl.constexpr,
+    ACTIVATION: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """y[m, n] = gelu(g[m, n]) * u[m, n], erf form or (APPROXIMATE_TANH) tanh form.
+    """y[m, n] = act(g[m, n]) * u[m, n]: swiglu (ACTIVATION "silu") or geglu ("gelu", "gelu_tanh").
 
     g_ptr, u_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows * n_col_blocks,), n_col_blocks = cdiv(n_cols, BLOCK).
     Reads g and u once, writes y once.
@@ -91,16 +88,16 @@ def _geglu_fwd_kernel(
     mask = cols < n_cols
     g = tl.load(g_ptr + row * stride_gm + cols, mask=mask).to(tl.float32)
     u = tl.load(u_ptr + row * stride_um + cols, mask=mask).to(tl.float32)
-    y = _gelu(g, APPROXIMATE_TANH) * u
+    y = _activation(g, ACTIVATION) * u
     tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _swiglu_bwd_kernel(
+def _glu_bwd_kernel(
     dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, stride_dym, stride_gm, stride_um, stride_dgm, stride_dum, n_cols,
-    n_col_blocks, BLOCK: tl.constexpr,
+    n_col_blocks, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """dg = dy * u * silu'(g), du = dy * silu(g).
+    """dg = dy * u * act'(g), du = dy * act(g), for ACTIVATION "silu", "gelu" or "gelu_tanh".
 
     dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr: (n_rows, n_cols). Grid: (n_rows * n_col_blocks,).
     Reads dy, g and u once, writes dg and du once (for a packed input, both halves of one tensor).
@@ -112,28 +109,6 @@ def _swiglu_bwd_kernel(
     dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask).to(tl.float32)
     g = tl.load(g_ptr + row * stride_gm + cols, mask=mask).to(tl.float32)
     u = tl.load(u_ptr + row * stride_um + cols, mask=mask).to(tl.float32)
-    act, dact = _silu_and_grad(g)
-    tl.store(dg_ptr + row * stride_dgm + cols, (dy * u * dact).to(dg_ptr.dtype.element_ty), mask=mask)
-    tl.store(du_ptr + row * stride_dum + cols, (dy * act).to(du_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _geglu_bwd_kernel(
-    dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, stride_dym, stride_gm, stride_um, stride_dgm, stride_dum, n_cols,
-    n_col_blocks, APPROXIMATE_TANH: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """dg = dy * u * gelu'(g), du = dy * gelu(g), erf form or (APPROXIMATE_TANH) tanh form.
-
-    dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr: (n_rows, n_cols). Grid: (n_rows * n_col_blocks,).
-    Reads dy, g and u once, writes dg and du once (for a packed input, both halves of one tensor).
-    """
-    pid = tl.program_id(0)
-    row = pid // n_col_blocks
-    cols = (pid - row * n_col_blocks) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask).to(tl.float32)
-    g = tl.load(g_ptr + row * stride_gm + cols, mask=mask).to(tl.float32)
-    u = tl.load(u_ptr + row * stride_um + cols, mask=mask).to(tl.float32)
-    act, dact = _gelu_and_grad(g, APPROXIMATE_TANH)
+    act, dact = _activation_and_grad(g, ACTIVATION)
     tl.store(dg_ptr + row * stride_dgm + cols, (dy * u * dact).to(dg_ptr.dtype.element_ty), mask=mask)
     tl.store(du_ptr + row * stride_dum + cols, (dy * act).to(du_ptr.dtype.element_ty), mask=mask)

@@ -536,7 +536,8 @@ def test_gpu_run_measures_bandwidth_memory_and_host_cost(tmp_path: Path) -> None
         ("bfloat16",),
         {
             "rowwise": (
-                bench.ShapeGroup(row_lengths=(4096,), target_bytes=32 * MiB),
+                # 64 MiB: the smallest input of the bandwidth regime (report.LATENCY_BYTES)
+                bench.ShapeGroup(row_lengths=(4096,), target_bytes=64 * MiB),
                 bench.ShapeGroup(shapes=((64, 4096),)),
             )
         },
@@ -546,7 +547,8 @@ def test_gpu_run_measures_bandwidth_memory_and_host_cost(tmp_path: Path) -> None
     assert rows[0].copy_gbps > 500 and "do_bench" in rows[0].timer and rows[0].gpu != "cpu"
     assert all(r.peak_mib >= 0 for r in rows if r.status == "ok")
     assert all(r.host_us > 0 for r in rows if r.status == "ok" and r.shape == "64x4096")
-    bandwidth = [r for r in rows if r.shape == "4096x4096" and r.status == "ok"]
+    bandwidth = [r for r in rows if r.shape == "8192x4096" and r.status == "ok"]
+    assert bandwidth and all(r.regime == "bandwidth" for r in bandwidth)
     assert all(math.isnan(r.host_us) for r in bandwidth if r.direction == "forward")
     assert all(r.host_us > 0 for r in bandwidth if r.direction == "forward+backward"), "the steady state"
     assert any(r.impl.startswith("triton:") for r in rows)

@@ -451,6 +451,22 @@ def test_cli_writes_csv_summary_and_plots(
     assert (again / "summary.md").read_text() == (out / "summary.md").read_text()
 
 
+def test_cli_latency_regime_is_the_reports_unless_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernelgate bench classes inputs under report.LATENCY_BYTES as latency shapes, as its summary says;
+    --latency-mib overrides it."""
+    seen: list[object] = []
+
+    def record(*args: object, **kwargs: object) -> list[bench.BenchRow]:
+        seen.append(kwargs["latency_bytes"])
+        return []
+
+    monkeypatch.setattr(bench, "run", record)
+    argv = ["bench", "--op", "softmax", "--no-compile", "--out", str(tmp_path)]
+    main(argv)
+    main([*argv, "--latency-mib", "0.5"])
+    assert seen == [bench.report.LATENCY_BYTES, 2**19]
+
+
 def test_cli_resume_measures_only_what_the_folder_lacks(
     cli_suite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

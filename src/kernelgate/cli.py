@@ -344,6 +344,7 @@ def replay_command(console: Console, path: Path) -> int:
 def bench_command(console: Console, args: argparse.Namespace) -> int:
     """``kernelgate bench``: measure, then write the CSV, summary.md and one PNG per op (``--plot CSV``: redraw)."""
     from kernelgate import bench
+    from kernelgate.bench import report
 
     try:
         if args.plot is not None:
@@ -370,7 +371,7 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
                 rep_ms=args.rep,
                 repeats=args.repeats,
                 host_calls=args.host_calls,
-                latency_bytes=int(args.latency_mib * 2**20),
+                latency_bytes=report.LATENCY_BYTES if args.latency_mib is None else int(args.latency_mib * 2**20),
                 time_limit_s=args.time_limit,
                 skip=done,
                 console=console,
@@ -436,7 +437,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--rep", type=int, default=20, help="do_bench measuring time, ms (default 20)")
     bench.add_argument("--repeats", type=int, default=1, help="interleaved rounds per measurement (median)")
     bench.add_argument("--host-calls", type=int, default=None, help="calls per host-cost measurement")
-    bench.add_argument("--latency-mib", type=float, default=16.0, help="inputs below this are latency shapes")
+    bench.add_argument(
+        "--latency-mib", type=float, help="inputs below this many MiB are latency shapes (default: the report's, 64)"
+    )
     bench.add_argument(
         "--time-limit", type=float, metavar="S", help="start no case after S seconds (the rest: skipped rows)"
     )

@@ -5,16 +5,19 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import importlib.util
+import io
 import json
 import math
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 
 import kernelgate
 import kernelgate.bench as bench
@@ -449,6 +452,32 @@ def test_cli_writes_csv_summary_and_plots(
     assert main(["bench", "--plot", str(out / "bench.csv"), "--out", str(again)]) == EXIT_OK
     assert sorted(p.name for p in again.iterdir()) == ["rms_norm.png", "summary.md"]
     assert (again / "summary.md").read_text() == (out / "summary.md").read_text()
+
+
+def test_progress_draws_between_cases_without_a_thread_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a case is measured, the progress display runs no refresh thread beside it (a second Python thread
+    slows host-bound autograd steps); the bar still moves as cases finish."""
+    threads_while_measuring: list[list[str]] = []
+    measure = bench_runner._Runner.op_rows
+
+    def spying(self: Any, spec: Any, cases: Any, advance: Any) -> list[bench.BenchRow]:
+        def advance_and_look() -> None:
+            threads_while_measuring.append([type(t).__name__ for t in threading.enumerate()])
+            advance()
+
+        return measure(self, spec, cases, advance_and_look)
+
+    monkeypatch.setattr(bench_runner._Runner, "op_rows", spying)
+    kernelgate.reload_settings({"KERNELGATE_CACHE_DIR": str(tmp_path)})
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    rows = bench.run(
+        ["softmax"], suite=TINY, compile=False, backward=False, cpu_repeats=1, host_calls=2, console=console
+    )
+    assert rows and len(threads_while_measuring) == 2, "one look per case: (4, 1000) and (2, 1000)"
+    assert all("_RefreshThread" not in names for names in threads_while_measuring), threads_while_measuring
+    assert "softmax" in console.file.getvalue()  # type: ignore[attr-defined]
 
 
 def test_cli_latency_regime_is_the_reports_unless_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -757,12 +757,22 @@ def _run_all(
         return rows
     from rich.progress import Progress
 
-    with Progress(console=console, transient=True) as progress:
+    # Redrawn between cases only: rich's own refresh thread would run beside the measurements. With
+    # it running, a host-bound forward+backward step through a Python autograd.Function (whose
+    # backward runs on autograd's device thread) took 502 instead of 280 us at 64x4096 bf16 on the
+    # H200's host (benchmarks/autograd_step_conditions.py at abbd283; no change at 32768x1024 fp32),
+    # which would weigh on Liger-Kernel, torch.compile and kernelgate alike.
+    with Progress(console=console, transient=True, auto_refresh=False) as progress:
         task = progress.add_task("measuring", total=sum(len(c) for _, c in plan))
+
+        def advance() -> None:
+            progress.advance(task)
+            progress.refresh()
+
         for spec, cases in plan:
             start = time.perf_counter()
-            progress.update(task, description=spec.op)
-            op_rows = runner.op_rows(spec, cases, lambda: progress.advance(task))
+            progress.update(task, description=spec.op, refresh=True)
+            op_rows = runner.op_rows(spec, cases, advance)
             rows += op_rows
             for dtype in dict.fromkeys(d for d, _ in cases):
                 print_table(progress.console, [r for r in op_rows if r.dtype == dtype], f"{spec.op} {dtype}")

@@ -610,8 +610,24 @@ def test_summary_counts_misses_per_op_with_their_causes(interpreted: list[bench.
     digest = text[text.index("## Targets missed") :]
     # Below the bandwidth target, behind eager (the best peer here), slower than eager: each named
     # by its cause, the autograd step.
-    assert f"| {base.op} | forward+backward | 1 | 1 | 1 | 0 | 3 | 0 |" in digest
+    assert f"| {base.op} | forward+backward | 1 | 1 | 1 | 0 | 3 | 0 | 0 |" in digest
     assert digest.index("| op | direction |") < digest.index("- ")
+
+
+def test_a_miss_on_the_reference_route_names_the_dispatch(interpreted: list[bench.BenchRow]) -> None:
+    """Where tuning chose the reference (faster than the Triton candidates) and kernelgate is still slower than
+    eager, the miss says the call is eager's plus kernelgate's dispatch, and by how much; another reason for the
+    reference (a fallback) is not given that cause."""
+    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager" and r.regime == "latency")
+    eager = dataclasses.replace(base, time_us=7.0, host_us=7.3)
+    chosen = "auto: reference (reference-faster: reference 7.1 us; best Triton single_block 22.0 us); planned in 9 ms"
+    ours = dataclasses.replace(eager, impl="kernelgate", time_us=7.0, host_us=9.8, note=chosen)
+    texts = bench.misses([eager, ours])  # behind the best peer (eager) and slower than eager
+    assert len(texts) == 2 and any("slower than eager" in t for t in texts)
+    assert all(t.endswith("eager's plus kernelgate's dispatch: +2.5 us") for t in texts), texts
+    fallback = dataclasses.replace(ours, note="auto: reference (dtype-unsupported: float64); planned in 1 ms")
+    texts = bench.misses([eager, fallback])
+    assert len(texts) == 2 and not any("dispatch" in t for t in texts), texts
 
 
 def test_first_calls_of_several_ops_add_up_in_an_all_ops_row(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:

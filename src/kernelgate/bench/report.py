@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kernelgate.bench.suite import BenchError
+from kernelgate.dispatch import Reason
 
 # Inputs below this are the latency regime, timed for host cost too (noise hides bandwidth there).
 # The suite's latency shapes reach 16 MiB (512x4096 float32, two inputs); its bandwidth shapes
@@ -296,6 +297,8 @@ def _find_misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[_
                 )
             )
         cause, clause = _autograd_gap(ours, by_impl, floor) if direction == FORWARD_BACKWARD else ("", "")
+        if not cause:
+            cause, clause = _reference_route(ours, eager)
         if direction == FORWARD_BACKWARD and ours.regime == "bandwidth":
             clause += _steady_state(ours, by_impl)
         found += [_Miss(op, dtype, direction, shape, target, cause, text + clause) for target, text in here]
@@ -312,15 +315,16 @@ def _miss_digest(found: Sequence[_Miss]) -> list[str]:
         row[m.target] = row.get(m.target, 0) + 1
         if m.cause:
             row["cause:" + m.cause] = row.get("cause:" + m.cause, 0) + 1
-    columns = ("bandwidth", "peer", "eager", "host", "cause:autograd", "cause:kernels")
+    columns = ("bandwidth", "peer", "eager", "host", "cause:autograd", "cause:kernels", "cause:reference")
     lines = [
-        "Misses per op and direction (a case can miss several targets). The last two columns count the "
-        "forward+backward misses whose cause the run shows: the autograd step (the op's kernels called without "
-        "autograd take at most half of the step), or kernels that are themselves short of the target.",
+        "Misses per op and direction (a case can miss several targets). The last three columns count the "
+        "misses whose cause the run shows: the autograd step (the op's kernels called without autograd take at "
+        "most half of the step), kernels that are themselves short of the target, or the reference chosen "
+        "(faster than the Triton kernels there), whose call is eager's plus kernelgate's dispatch.",
         "",
         "| op | direction | below bandwidth target | behind best peer | slower than eager | host cost | "
-        "cause: autograd step | cause: kernels short |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "cause: autograd step | cause: kernels short | cause: reference + dispatch |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (op, direction), row in counts.items():
         lines.append(f"| {op} | {direction} | " + " | ".join(str(row.get(c, 0)) for c in columns) + " |")
@@ -351,6 +355,19 @@ def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow], floor: float) ->
     return "autograd", (
         f"; without autograd its kernels ({best.impl}) take {effective_us(best):.1f} us{share}: "
         "most of the step is the autograd step (host time), not the kernels"
+    )
+
+
+def _reference_route(ours: BenchRow, eager: BenchRow | None) -> tuple[str, str]:
+    """The cause of a miss where kernelgate ran the reference (its tuning found the Triton candidates
+    slower): the call is eager's plus kernelgate's dispatch, which at calls of a few microseconds is
+    more than the 3 % the eager target allows. ``("", "")`` otherwise."""
+    if eager is None or not ours.note.startswith(f"auto: reference ({Reason.REFERENCE_FASTER.value}"):
+        return "", ""
+    extra = effective_us(ours) - effective_us(eager)
+    return "reference", (
+        "; kernelgate ran the reference here (its Triton candidates were slower at this size), so the call is "
+        f"eager's plus kernelgate's dispatch: {extra:+.1f} us"
     )
 
 

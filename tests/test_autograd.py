@@ -286,23 +286,44 @@ def _is_kernelgate_function(t: torch.Tensor) -> bool:
     return t.grad_fn is not None and "KernelgateFunction" in type(t.grad_fn).__name__
 
 
-def test_a_forward_planned_to_the_reference_runs_eager_autograd_from_the_second_call() -> None:
-    """Once a signature's forward is planned to the reference (here: CPU tensors), an autograd call runs the reference
-    under eager autograd, as PyTorch would, instead of kernelgate's Function: same gradients, the fallback still
-    counted; the first call, which plans it, goes through the Function."""
+def test_a_forward_and_backward_planned_to_the_reference_run_eager_autograd_after_the_first_step() -> None:
+    """Once a signature's forward is planned to the reference (here: CPU tensors) and its backward, run once through
+    kernelgate's Function, called no Triton implementation either, an autograd call runs the reference under eager
+    autograd, as PyTorch would: same gradients, the fallback still counted. Until that backward has run, calls go
+    through the Function."""
     kernelgate.configure(warn_fallback=False)
     kernelgate.reset_fallbacks()
     x = torch.randn(3, 40, requires_grad=True)
     g = torch.randn(3, 40)
+    (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
     first = kernelgate.softmax(x, -1)
     assert _is_kernelgate_function(first)
-    second = kernelgate.softmax(x, -1)
-    assert second.grad_fn is not None and not _is_kernelgate_function(second)
-    (dx,) = torch.autograd.grad(second, x, g)
-    (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
-    assert_close(dx, expected)
+    assert _is_kernelgate_function(kernelgate.softmax(x, -1)), "the backward has not run yet"
+    assert_close(torch.autograd.grad(first, x, g)[0], expected)
+    later = kernelgate.softmax(x, -1)
+    assert later.grad_fn is not None and not _is_kernelgate_function(later)
+    assert_close(torch.autograd.grad(later, x, g)[0], expected)
     counts = {r.op: r.count for r in kernelgate.fallbacks()}
-    assert counts["softmax"] == 2, "both forwards took the reference and were counted"
+    assert counts["softmax"] == 3, "every forward took the reference and was counted"
+
+
+def test_a_backward_that_runs_a_kernel_keeps_the_function() -> None:
+    """A forward planned to the reference whose backward op runs its Triton kernel (here: softmax_backward in mode
+    triton, interpreted) keeps kernelgate's Function, so the backward keeps its kernel."""
+    kernelgate.configure(warn_fallback=False)
+    x = torch.randn(3, 40, requires_grad=True)
+    g = torch.randn(3, 40)
+    (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
+    kernelgate.softmax_backward.set_mode("triton")
+    try:
+        with kernelgate.use_interpreter():
+            for _ in range(3):
+                y = kernelgate.softmax(x, -1)
+                assert kernelgate.softmax.plan(x.detach(), -1).path == "reference"
+                assert _is_kernelgate_function(y)
+                assert_close(torch.autograd.grad(y, x, g)[0], expected)
+    finally:
+        kernelgate.softmax_backward.set_mode(None)
 
 
 @pytest.mark.parametrize("setting", ["mode-triton", "mode-check", "log"])

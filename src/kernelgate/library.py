@@ -21,6 +21,7 @@ import torch
 from kernelgate.contract import ArgSpec, ChoiceArg, DimArg, ScalarArg, ShapeArg, TensorArg
 from kernelgate.dispatch import current_overrides, restore_overrides
 from kernelgate.errors import DeclarationError
+from kernelgate.launch import call_state
 
 if TYPE_CHECKING:
     from kernelgate.op import Op
@@ -129,9 +130,15 @@ def autograd_function(op: Op) -> Any:
         if with_extras is None:
             output = op._call_untraced(args)
             _setup(op, ctx, args, output)
-            return output
-        output, *extras = with_extras._call_untraced(args)
-        _setup(op, ctx, args, output, tuple(extras))
+        else:
+            output, *extras = with_extras._call_untraced(args)
+            _setup(op, ctx, args, output, tuple(extras))
+        if op.backward is not None:
+            # A forward planned to the reference whose backward is not yet known to be: the backward
+            # records it, and from then on such calls run eager autograd (Op._reference_route).
+            route = op.forward_route(args)
+            if route is not None and route.reference_ok and route.backward_reference is None:
+                ctx.kernelgate_route = route
         return output
 
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
@@ -151,6 +158,7 @@ def _setup(op: Op, ctx: Any, inputs: tuple[Any, ...], output: Any, extras: tuple
         ctx.kernelgate_layout = [None if isinstance(v, torch.Tensor) else (v,) for v in saved]
     # The backward runs in the modes of the forward call, also on autograd's device threads.
     ctx.kernelgate_overrides = current_overrides()
+    ctx.kernelgate_route = None
 
 
 def _restore(ctx: Any) -> tuple[Any, ...]:
@@ -165,11 +173,14 @@ def _backward(op: Op, ctx: Any, grad_outputs: tuple[Any, ...]) -> tuple[Any, ...
     grad = grad_outputs[0] if len(grad_outputs) == 1 else grad_outputs
     needs = ctx.needs_input_grad
     overrides = ctx.kernelgate_overrides
+    triton_runs = call_state.triton_runs
     if overrides == current_overrides():  # the same modes here already (the usual case): no context switch
         grads = _grads(op, saved, grad, needs)
     else:
         with restore_overrides(overrides):
             grads = _grads(op, saved, grad, needs)
+    if ctx.kernelgate_route is not None:
+        ctx.kernelgate_route.backward_reference = call_state.triton_runs == triton_runs
     return tuple(g if need else None for g, need in zip(grads, needs, strict=True))
 
 

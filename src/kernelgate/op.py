@@ -606,12 +606,28 @@ class Op:
         return self._function.apply(*values)
 
     def _reference_route(self, values: tuple[Any, ...]) -> _Route | None:
-        """The memoised route of the forward of ``values`` (as the Function runs it, without grad, through
-        this op or its Backward's ``forward``) when that is a plain reference call in mode ``auto`` or
-        ``reference``, without logging; else ``None``.
+        """The memoised route of the forward of ``values`` when that is a plain reference call and the
+        backward is too (eager autograd then does the same work with less host time); else ``None``.
 
-        The key is the one _dispatch memoises for that call, with grad mode off; the first call of a
-        signature finds nothing and goes through the Function, which plans it.
+        An op without a backward op differentiates its reference anyway. With one, the backward must
+        have run once through the Function and called no Triton implementation: the backward op may
+        be tuned to its kernel while the forward is not (softmax's float32 rows of 128 to 1024 on the
+        H200: the forward's kernel is within the tuning margin of eager's, the backward's is much faster),
+        and eager autograd would forgo it.
+        """
+        route = self.forward_route(values)
+        if route is None or route.run is not None or not route.reference_ok:
+            return None
+        if self.backward is not None and route.backward_reference is not True:
+            return None
+        return route
+
+    def forward_route(self, values: tuple[Any, ...]) -> _Route | None:
+        """The memoised route of the forward of ``values`` as the Function runs it (without grad, through this
+        op or its Backward's ``forward``), in mode ``auto`` or ``reference`` without logging; else ``None``.
+
+        The key is the one _dispatch memoises for that call, with grad mode off; before the first call
+        of a signature there is none.
         """
         current = _settings_module._current or settings()
         if current.log_path is not None:
@@ -630,12 +646,9 @@ class Op:
             else:
                 signature.append((type(v), v))
         try:
-            route = forward._memo.get(tuple(signature))
+            return forward._memo.get(tuple(signature))
         except TypeError:  # an unhashable argument
             return None
-        if route is None or route.run is not None or not route.reference_ok:
-            return None
-        return route
 
     def _call_untraced(self, values: tuple[Any, ...]) -> Any:
         """The op's own dispatch, as the PyTorch operator's implementation runs it."""
@@ -683,6 +696,7 @@ class Op:
                 )
         if current.log_path is None and mode != "check":
             if route.run is not None:
+                call_state.triton_runs += 1
                 try:
                     if route.guard_index is None or route.guard_index == torch.cuda.current_device():
                         return route.run(*values)
@@ -735,6 +749,7 @@ class Op:
         impl, device = plan.implementation, plan.device
         assert impl is not None and device is not None
         state = call_state
+        state.triton_runs += 1
         launches: list[Any] = []
         notes: list[str] = []
         saved = state.interpret, state.launches, state.notes
@@ -880,11 +895,14 @@ MEMO_LIMIT = 4096
 class _Route:
     """A memoised plan with what the hot path needs precomputed."""
 
-    __slots__ = ("fallback_key", "guard_index", "plan", "reference_ok", "run")
+    __slots__ = ("backward_reference", "fallback_key", "guard_index", "plan", "reference_ok", "run")
 
     def __init__(self, op_name: str, plan: Plan) -> None:
         self.plan = plan
         self.reference_ok = plan.implementation is None
+        # For a forward planned to the reference: whether its backward, through the Function, ran the
+        # reference too (None until a backward has run).
+        self.backward_reference: bool | None = None
         self.fallback_key = fallback_key(op_name, plan) if plan.is_fallback else None
         impl, device = plan.implementation, plan.device
         self.run: Callable[..., Any] | None = None

@@ -747,16 +747,18 @@ def test_out_of_range_target_on_the_gpu_gives_nan_without_a_device_assert() -> N
     assert loss[1:3].isnan().all() and loss[3] == 0
 
 
-def test_a_forward_planned_to_the_reference_runs_eager_autograd_from_the_second_call() -> None:
-    """Where cross_entropy_with_stats (the Function's forward) is planned to the reference, the next autograd call
-    of the signature runs cross_entropy's reference under eager autograd: torch's gradient, no Function."""
+def test_a_forward_and_backward_planned_to_the_reference_run_eager_autograd_after_the_first_step() -> None:
+    """Where cross_entropy_with_stats (the Function's forward) is planned to the reference and the backward, run once
+    through the Function, called no kernel either, later autograd calls of the signature run cross_entropy's
+    reference under eager autograd: torch's gradient, no Function."""
     kernelgate.configure(warn_fallback=False)
     logits = torch.randn(4, 50, requires_grad=True)
     labels = torch.tensor([1, IGNORE, 49, 0])
+    (expected,) = torch.autograd.grad(F.cross_entropy(logits, labels), logits)
     first = cross_entropy(logits, labels)
     assert "KernelgateFunction" in type(first.grad_fn).__name__
+    assert_close(torch.autograd.grad(first, logits)[0], expected, reduction_length=54)
     second = cross_entropy(logits, labels)
     assert "KernelgateFunction" not in type(second.grad_fn).__name__
     (dx,) = torch.autograd.grad(second, logits)
-    (expected,) = torch.autograd.grad(F.cross_entropy(logits, labels), logits)
     assert_close(dx, expected, reduction_length=54)

@@ -31,7 +31,9 @@ def test_page_code_runs(page: str, tmp_path: Path) -> None:
     script = tmp_path / "page.py"  # Triton needs the kernels' source in a real file
     script.write_text(code)
     result = subprocess.run(
-        [sys.executable, str(script)],
+        # faulthandler: a process killed by a signal (an abort at exit was seen once on the H200) prints
+        # every thread's Python stack, so the failure says where.
+        [sys.executable, "-X", "faulthandler", str(script)],
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -6,6 +6,8 @@
 #   benchmarks/run_gpu.sh bench OUT   `kernelgate bench` over the default suite (QUICK=1: --quick), starting
 #                                     no case after TIME_LIMIT seconds (default 540, so one call fits 10
 #                                     minutes); RESUME=path/to/bench.csv continues that run (--resume)
+#   benchmarks/run_gpu.sh profile OUT benchmarks/profile_case.py for each of CASES, space-separated
+#                                     op:shape:dtype:direction (e.g. cross_entropy:8192x32000:bfloat16:forward+backward)
 # Everything is written under OUT (default ./gpu-out), then packed into OUT.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +42,13 @@ elif [ "$part" = bench ]; then
   ( time python3 -m kernelgate bench ${QUICK:+--quick} ${RESUME:+--resume} --time-limit "${TIME_LIMIT:-540}" \
       --out "$out/bench" ${BENCH_ARGS:-} ) > "$out/bench.txt" 2>&1
   tail -n 60 "$out/bench.txt"
+elif [ "$part" = profile ]; then
+  for case in ${CASES:-}; do
+    IFS=: read -r op shape dtype direction <<< "$case"
+    python3 benchmarks/profile_case.py --op "$op" --shape "$shape" --dtype "$dtype" --direction "$direction" \
+      --out "$out/profile-$op-$shape-$dtype-${direction/+/-}.json" 2>&1 | grep -v "^USDT" | tee -a "$out/profile.txt"
+  done
 else
-  echo "usage: benchmarks/run_gpu.sh tests|bench [OUT]" >&2; exit 2
+  echo "usage: benchmarks/run_gpu.sh tests|bench|profile [OUT]" >&2; exit 2
 fi
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"

@@ -510,11 +510,16 @@ def test_cli_resume_measures_only_what_the_folder_lacks(
     main([*argv, "--dtype", "float32", "--resume"])
     measured = bench.read_csv(csv)
     assert {r.status for r in measured} == {"ok"} and {r.shape for r in measured} == {"32x64", "8x256"}
+    runs = bench.read_runs(out)
+    assert [r["resumed"] for r in runs] == [False, True] and all(r["seconds"] > 0 for r in runs)
+    total = sum(r["seconds"] for r in runs)
+    assert f"- run time: {total:.0f} s in 2 calls" in (out / "summary.md").read_text()
     before = csv.read_text()
     main([*argv, "--dtype", "float32", "--resume"])
     assert csv.read_text() == before, "nothing left to measure"
     main([*argv, "--dtype", "float32"])
     assert csv.read_text() != before, "without --resume the folder is measured afresh"
+    assert len(bench.read_runs(out)) == 1 and "- run time: " in (out / "summary.md").read_text()
 
 
 def test_cli_without_matplotlib_says_how_to_plot_later(
@@ -529,7 +534,7 @@ def test_cli_without_matplotlib_says_how_to_plot_later(
     printed = capsys.readouterr().out
     assert code == EXIT_OK
     assert "pip install matplotlib" in printed and "kernelgate bench --plot CSV" in printed
-    assert sorted(p.name for p in out.iterdir()) == ["bench.csv", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["bench.csv", "runs.json", "summary.md"]
 
 
 def test_a_time_limit_stops_starting_cases_and_the_rest_are_listed(tmp_path: Path) -> None:

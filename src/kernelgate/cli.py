@@ -350,9 +350,11 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
         if args.plot is not None:
             rows = bench.read_csv(args.plot)
             out = args.out or args.plot.parent
+            runs = bench.read_runs(args.plot.parent)
         else:
             out = args.out or Path("kernelgate-bench")
             out.mkdir(parents=True, exist_ok=True)
+            started, start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
             # --resume: the cases an earlier run in this folder measured are kept, not measured again.
             earlier = bench.read_csv(out / "bench.csv") if args.resume and (out / "bench.csv").exists() else []
             done = {(r.op, r.dtype, r.shape) for r in earlier if r.note != bench.TIME_LIMIT_NOTE}
@@ -378,10 +380,12 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
                 on_progress=lambda so_far: bench.write_csv(earlier + so_far, out / "bench.csv"),  # kept if interrupted
             )
             console.print(f"results: {bench.write_csv(rows, out / 'bench.csv')}")
+            # How long measuring took, per call: a suite measured in parts with --resume adds them up.
+            runs = bench.record_run(out, started, time.monotonic() - start, args.resume)
     except (bench.BenchError, OSError) as err:
         console.print(f"[red]kernelgate bench: {err}[/red]")
         return EXIT_USAGE
-    console.print(f"summary: {bench.write_summary(rows, out / 'summary.md')}")
+    console.print(f"summary: {bench.write_summary(rows, out / 'summary.md', runs=runs)}")
     if bench.plots_available():
         for path in bench.write_plots(rows, out):
             console.print(f"plot: {path}")

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -40,6 +42,8 @@ __all__ = [
     "plots_available",
     "print_table",
     "read_csv",
+    "read_runs",
+    "record_run",
     "write_csv",
     "write_plots",
     "write_summary",
@@ -456,8 +460,41 @@ def _first_calls(rows: Sequence[BenchRow]) -> list[str]:
     return [*lines, ""]
 
 
-def write_summary(rows: Sequence[BenchRow], path: Path, targets: Targets = TARGETS) -> Path:
-    """Write a markdown summary: per op and dtype, fractions of copy bandwidth, latencies, missed targets."""
+RUNS_FILE = "runs.json"
+
+
+def read_runs(folder: Path) -> list[dict[str, Any]]:
+    """The measuring calls recorded in ``folder/runs.json`` (each: ``started``, ``seconds``, ``resumed``), or none."""
+    try:
+        runs = json.loads((folder / RUNS_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(runs, list):
+        return []
+    return [r for r in runs if isinstance(r, dict) and isinstance(r.get("seconds"), int | float)]
+
+
+def record_run(folder: Path, started: str, seconds: float, resumed: bool) -> list[dict[str, Any]]:
+    """Add a measuring call to ``folder/runs.json`` (a call that does not resume starts the list afresh)."""
+    runs = read_runs(folder) if resumed else []
+    runs.append({"started": started, "seconds": round(seconds, 1), "resumed": resumed})
+    (folder / RUNS_FILE).write_text(json.dumps(runs, indent=1) + "\n")
+    return runs
+
+
+def _run_time(runs: Sequence[dict[str, Any]]) -> str:
+    total = sum(float(r["seconds"]) for r in runs)
+    if len(runs) == 1:
+        return f"- run time: {total:.0f} s"
+    parts = ", then ".join(f"{float(r['seconds']):.0f} s" for r in runs)
+    return f"- run time: {total:.0f} s in {len(runs)} calls, each resuming the one before ({parts})"
+
+
+def write_summary(
+    rows: Sequence[BenchRow], path: Path, targets: Targets = TARGETS, runs: Sequence[dict[str, Any]] = ()
+) -> Path:
+    """Write a markdown summary: per op and dtype, fractions of copy bandwidth, latencies, missed targets;
+    with ``runs`` (see :func:`read_runs`), how long the measuring took."""
     lines = ["# kernelgate bench", ""]
     if rows:
         p = rows[0]
@@ -466,6 +503,7 @@ def write_summary(rows: Sequence[BenchRow], path: Path, targets: Targets = TARGE
             f"- device: {p.gpu} ({p.device}), driver {p.driver or '-'}; torch {p.torch_version}, triton "
             f"{p.triton_version or '-'}, {liger}",
             f"- kernelgate {p.kernelgate_version}, commit {p.kernelgate_commit}; started {p.started}",
+            *([_run_time(runs)] if runs else []),
             f"- timer: {p.timer}",
             f"- copy bandwidth measured in the same run: {p.copy_gbps:.0f} GB/s (bytes read + written)",
             "",

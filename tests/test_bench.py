@@ -511,7 +511,8 @@ def test_cli_resume_measures_only_what_the_folder_lacks(
     measured = bench.read_csv(csv)
     assert {r.status for r in measured} == {"ok"} and {r.shape for r in measured} == {"32x64", "8x256"}
     runs = bench.read_runs(out)
-    assert [r["resumed"] for r in runs] == [False, True] and all(r["seconds"] > 0 for r in runs)
+    # The first call measured nothing (its time limit had passed); the second measured both cases.
+    assert [r["resumed"] for r in runs] == [False, True] and runs[0]["seconds"] >= 0 and runs[1]["seconds"] > 0
     total = sum(r["seconds"] for r in runs)
     assert f"- run time: {total:.0f} s in 2 calls" in (out / "summary.md").read_text()
     before = csv.read_text()

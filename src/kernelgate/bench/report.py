@@ -477,7 +477,7 @@ def read_runs(folder: Path) -> list[dict[str, Any]]:
 def record_run(folder: Path, started: str, seconds: float, resumed: bool) -> list[dict[str, Any]]:
     """Add a measuring call to ``folder/runs.json`` (a call that does not resume starts the list afresh)."""
     runs = read_runs(folder) if resumed else []
-    runs.append({"started": started, "seconds": round(seconds, 1), "resumed": resumed})
+    runs.append({"started": started, "seconds": round(seconds, 3), "resumed": resumed})
     (folder / RUNS_FILE).write_text(json.dumps(runs, indent=1) + "\n")
     return runs
 

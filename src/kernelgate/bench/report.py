@@ -302,7 +302,7 @@ def _find_misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[_
             )
         cause, clause = _autograd_gap(ours, by_impl, floor) if direction == FORWARD_BACKWARD else ("", "")
         if not cause:
-            cause, clause = _reference_route(ours, eager)
+            cause, clause = _reference_cause(ours, eager)
         if direction == FORWARD_BACKWARD and ours.regime == "bandwidth":
             clause += _steady_state(ours, by_impl)
         found += [_Miss(op, dtype, direction, shape, target, cause, text + clause) for target, text in here]
@@ -362,7 +362,7 @@ def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow], floor: float) ->
     )
 
 
-def _reference_route(ours: BenchRow, eager: BenchRow | None) -> tuple[str, str]:
+def _reference_cause(ours: BenchRow, eager: BenchRow | None) -> tuple[str, str]:
     """The cause of a miss where kernelgate ran the reference (its tuning found the Triton candidates
     slower): the call is eager's plus kernelgate's dispatch, which at calls of a few microseconds is
     more than the 3 % the eager target allows. ``("", "")`` otherwise."""

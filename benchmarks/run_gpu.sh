@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU machine, in two parts that each fit one call:
-#   benchmarks/run_gpu.sh tests OUT   the test suite with the kernels compiled (8 workers), doctor,
+#   benchmarks/run_gpu.sh tests OUT   the test suite with the kernels compiled (WORKERS, 8), doctor,
 #                                     demo, tune, a second demo on the warm cache, overhead, memory,
 #                                     the autograd step's host cost (autograd_overhead, step conditions)
 #   benchmarks/run_gpu.sh bench OUT   `kernelgate bench` over the default suite (QUICK=1: --quick), starting
@@ -8,7 +8,9 @@
 #                                     minutes); RESUME=path/to/bench.csv continues that run (--resume)
 #   benchmarks/run_gpu.sh profile OUT benchmarks/profile_case.py for each of CASES, space-separated
 #                                     op:shape:dtype:direction (e.g. cross_entropy:8192x32000:bfloat16:forward+backward)
-# Everything is written under OUT (default ./gpu-out), then packed into OUT.tar.gz.
+# Everything is written under OUT (default ./gpu-out), then packed into OUT.tar.gz. The device returns
+# at most 8 files, and nothing of a call killed at its time limit except what is already there, so
+# every step of `tests` stops by BUDGET seconds (default 570) and the packing always runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-tests}
@@ -20,22 +22,27 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS
 export KERNELGATE_CACHE_DIR=$out/cache
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; echo "kernelgate commit ${KERNELGATE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}";
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$out/provenance.txt"
+deadline=$((SECONDS + ${BUDGET:-570}))
+# Runs a step with what is left of the budget, keeping 15 s for the packing.
+within_budget() { local left=$((deadline - SECONDS - 15)); [ "$left" -gt 0 ] && timeout --kill-after=5 "$left" "$@"; }
 if [ "$part" = tests ]; then
-  python3 -m pytest tests src -q -p no:cacheprovider -n 8 -rs > "$out/pytest.log" 2>&1; echo "pytest rc=$?" >> "$out/pytest.log"
+  # -rfEs: the short summary names failures and errors, not only skips.
+  within_budget python3 -m pytest tests src -q -p no:cacheprovider -n "${WORKERS:-8}" -rfEs > "$out/pytest.log" 2>&1
+  echo "pytest rc=$?" >> "$out/pytest.log"
   grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.log" | tail -25
-  python3 -m kernelgate doctor > "$out/doctor.txt" 2>&1
-  ( time python3 -m kernelgate demo --log "$out/demo.csv" --repeats 50 ) > "$out/demo.txt" 2>&1
-  ( time python3 -m kernelgate demo --log "$out/demo-warm.csv" --repeats 50 ) > "$out/demo-warm.txt" 2>&1
-  python3 -m kernelgate cache show > "$out/cache.txt" 2>&1
-  python3 benchmarks/overhead.py --out "$out/overhead.json" > "$out/overhead.txt" 2>&1
-  python3 benchmarks/memory.py --out "$out/memory.json" > "$out/memory.txt" 2>&1
-  python3 benchmarks/autograd_overhead.py --out "$out/autograd-overhead.json" > "$out/autograd-overhead.txt" 2>&1
-  python3 benchmarks/autograd_step_conditions.py --out "$out/step-conditions-64x4096.json" --shape 64x4096 \
-    > "$out/step-conditions.txt" 2>&1
-  python3 benchmarks/autograd_step_conditions.py --out "$out/step-conditions-32768x1024.json" --shape 32768x1024 \
-    --dtype float32 >> "$out/step-conditions.txt" 2>&1
-  tail -n 12 "$out/demo-warm.txt"; cat "$out/overhead.txt" "$out/memory.txt" "$out/autograd-overhead.txt" \
-    "$out/step-conditions.txt"
+  within_budget python3 benchmarks/overhead.py --out "$out/overhead.json" > "$out/overhead.txt" 2>&1
+  within_budget python3 benchmarks/autograd_overhead.py --out "$out/autograd-overhead.json" > "$out/autograd-overhead.txt" 2>&1
+  cat "$out/overhead.txt" "$out/autograd-overhead.txt"
+  within_budget python3 -m kernelgate doctor > "$out/doctor.txt" 2>&1
+  ( time within_budget python3 -m kernelgate demo --log "$out/demo.csv" --repeats 50 ) > "$out/demo.txt" 2>&1
+  ( time within_budget python3 -m kernelgate demo --log "$out/demo-warm.csv" --repeats 50 ) > "$out/demo-warm.txt" 2>&1
+  within_budget python3 -m kernelgate cache show > "$out/cache.txt" 2>&1
+  within_budget python3 benchmarks/memory.py --out "$out/memory.json" > "$out/memory.txt" 2>&1
+  within_budget python3 benchmarks/autograd_step_conditions.py --out "$out/step-conditions-64x4096.json" \
+    --shape 64x4096 > "$out/step-conditions.txt" 2>&1
+  within_budget python3 benchmarks/autograd_step_conditions.py --out "$out/step-conditions-32768x1024.json" \
+    --shape 32768x1024 --dtype float32 >> "$out/step-conditions.txt" 2>&1
+  tail -n 12 "$out/demo-warm.txt"; cat "$out/memory.txt" "$out/step-conditions.txt"
 elif [ "$part" = bench ]; then
   mkdir -p "$out/bench"
   if [ -n "${RESUME:-}" ]; then cp "$RESUME" "$out/bench/bench.csv"; fi
@@ -45,7 +52,7 @@ elif [ "$part" = bench ]; then
 elif [ "$part" = profile ]; then
   for case in ${CASES:-}; do
     IFS=: read -r op shape dtype direction <<< "$case"
-    python3 benchmarks/profile_case.py --op "$op" --shape "$shape" --dtype "$dtype" --direction "$direction" \
+    within_budget python3 benchmarks/profile_case.py --op "$op" --shape "$shape" --dtype "$dtype" --direction "$direction" \
       --out "$out/profile-$op-$shape-$dtype-${direction/+/-}.json" 2>&1 | grep -v "^USDT" | tee -a "$out/profile.txt"
   done
 else

@@ -10,7 +10,7 @@
 #                                     op:shape:dtype:direction (e.g. cross_entropy:8192x32000:bfloat16:forward+backward)
 # Everything is written under OUT (default ./gpu-out), then packed into OUT.tar.gz. The device returns
 # at most 8 files, and nothing of a call killed at its time limit except what is already there, so
-# every step of `tests` stops by BUDGET seconds (default 570) and the packing always runs.
+# every step stops by BUDGET seconds (default 570) and the packing always runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-tests}
@@ -46,7 +46,7 @@ if [ "$part" = tests ]; then
 elif [ "$part" = bench ]; then
   mkdir -p "$out/bench"
   if [ -n "${RESUME:-}" ]; then cp "$RESUME" "$out/bench/bench.csv"; fi
-  ( time python3 -m kernelgate bench ${QUICK:+--quick} ${RESUME:+--resume} --time-limit "${TIME_LIMIT:-540}" \
+  ( time within_budget python3 -m kernelgate bench ${QUICK:+--quick} ${RESUME:+--resume} --time-limit "${TIME_LIMIT:-540}" \
       --out "$out/bench" ${BENCH_ARGS:-} ) > "$out/bench.txt" 2>&1
   tail -n 60 "$out/bench.txt"
 elif [ "$part" = profile ]; then

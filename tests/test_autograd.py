@@ -310,7 +310,9 @@ def test_a_forward_and_backward_planned_to_the_reference_run_eager_autograd_afte
 def test_a_backward_that_runs_a_kernel_keeps_the_function() -> None:
     """A forward planned to the reference whose backward op runs its Triton kernel (here: softmax_backward in mode
     triton, interpreted) keeps kernelgate's Function, so the backward keeps its kernel."""
-    kernelgate.configure(warn_fallback=False)
+    # The forward is planned to the reference by tuning: the margin makes that independent of the host (on a
+    # 16-core GPU host, torch's softmax of these CPU tensors once timed 6.0 ms against 4.4 ms interpreted).
+    kernelgate.configure(warn_fallback=False, tune_margin=0.99)
     x = torch.randn(3, 40, requires_grad=True)
     g = torch.randn(3, 40)
     (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)

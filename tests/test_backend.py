@@ -355,3 +355,14 @@ def test_a_launch_seen_before_calls_the_compiled_launcher_directly(monkeypatch: 
     assert len(kernel.through_triton) == 4 and len(kernel.direct) == 2, "a launch hook sees every launch"
     backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 128, "num_warps": 4})
     assert len(kernel.direct) == 3, "with the hook gone, direct again"
+    kernelgate.configure(fast_launch=False)
+    backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 128, "num_warps": 4})
+    assert len(kernel.through_triton) == 5 and len(kernel.direct) == 3, "fast_launch off: Triton's path always"
+
+
+def test_fast_launch_setting_reads_the_environment() -> None:
+    """KERNELGATE_FAST_LAUNCH: on unless set to a false value; anything else is a clear error."""
+    assert kernelgate.Settings.from_env({}).fast_launch is True
+    assert kernelgate.Settings.from_env({"KERNELGATE_FAST_LAUNCH": "0"}).fast_launch is False
+    with pytest.raises(kernelgate.SettingsError, match="KERNELGATE_FAST_LAUNCH"):
+        kernelgate.Settings.from_env({"KERNELGATE_FAST_LAUNCH": "sometimes"})

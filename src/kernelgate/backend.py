@@ -9,12 +9,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import importlib.metadata
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+_settings = importlib.import_module("kernelgate.settings")  # the module: the package exports settings()
 
 __all__ = [
     "BackendStatus",
@@ -245,7 +248,7 @@ def _current_stream(device: int) -> int:
 def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:
     """Launch a ``@triton.jit`` kernel compiled for the current device (directly, once Triton's path
     has launched the same specialisation)."""
-    if status().target != "cuda":
+    if status().target != "cuda" or not (_settings._current or _settings.settings()).fast_launch:
         kernel[grid](*args, **meta)
         return
     device = _current_device()

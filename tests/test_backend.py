@@ -360,6 +360,26 @@ def test_a_launch_seen_before_calls_the_compiled_launcher_directly(monkeypatch: 
     assert len(kernel.through_triton) == 5 and len(kernel.direct) == 3, "fast_launch off: Triton's path always"
 
 
+def test_a_compile_time_parameter_passed_by_position_is_keyed_by_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton compiles for each value of a constexpr, so a launch passing one by position (BLOCK here) is keyed by
+    its exact value: 4096 after 8192 (the same divisibility) goes through Triton again, not to the 8192 kernel."""
+    pytest.importorskip("triton")
+    as_if_cuda = dataclasses.replace(backend.status(), target="cuda")
+    monkeypatch.setattr(backend, "status", lambda: as_if_cuda)
+    monkeypatch.setattr(backend, "_current_device", lambda: 0)
+    monkeypatch.setattr(backend, "_current_stream", lambda device: 1234)
+    monkeypatch.setattr(backend, "_fast_launches", {})
+    kernel = _Kernel()
+    kernel.constexprs = [2]  # type: ignore[attr-defined]  # BLOCK, as Triton lists a JITFunction's
+    x = torch.zeros(64)
+    for block in (8192, 8192, 4096, 4096):
+        backend.launch_compiled(kernel, (1,), (x, 64, block), {"num_warps": 4})
+    assert len(kernel.through_triton) == 2 and len(kernel.direct) == 2
+    assert kernel.direct[1][-2:] == (4096, False)
+    backend.launch_compiled(kernel, (1,), (x, 64, 4096), {"num_warps": 4, "FLAG": [1]})  # unhashable: Triton's path
+    assert len(kernel.through_triton) == 3
+
+
 def test_fast_launch_setting_reads_the_environment() -> None:
     """KERNELGATE_FAST_LAUNCH: on unless set to a false value; anything else is a clear error."""
     assert kernelgate.Settings.from_env({}).fast_launch is True

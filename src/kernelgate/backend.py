@@ -183,6 +183,9 @@ def launch_key(kernel: Any, device: int, args: Sequence[Any], meta: dict[str, An
     """
     key: list[Any] = [kernel, device, len(args)]
     append = key.append
+    if getattr(kernel, "constexprs", None) and min(kernel.constexprs) < len(args):
+        # A compile-time parameter passed by position: its exact value, as Triton compiles for it.
+        return _key_with_constexprs(key, kernel.constexprs, args, meta)
     for value in args:
         kind = type(value)
         if kind is int:  # inline _argument_key's commonest cases
@@ -195,6 +198,20 @@ def launch_key(kernel: Any, device: int, args: Sequence[Any], meta: dict[str, An
                 return None
             append(part)
     # Compile-time values and launch options; their types too, as 1 and True hash alike.
+    key.append(tuple(meta.items()))
+    key.append(tuple(map(type, meta.values())))
+    return tuple(key)
+
+
+def _key_with_constexprs(
+    key: list[Any], constexprs: Sequence[int], args: Sequence[Any], meta: dict[str, Any]
+) -> tuple[Any, ...] | None:
+    """launch_key's slower form, for a launch passing compile-time parameters by position."""
+    for position, value in enumerate(args):
+        part = ("constexpr", type(value), value) if position in constexprs else _argument_key(value)
+        if part is None:
+            return None
+        key.append(part)
     key.append(tuple(meta.items()))
     key.append(tuple(map(type, meta.values())))
     return tuple(key)
@@ -253,7 +270,10 @@ def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], met
         return
     device = _current_device()
     key = launch_key(kernel, device, args, meta)
-    fast = _fast_launches.get(key) if key is not None else None
+    try:
+        fast = _fast_launches.get(key) if key is not None else None
+    except TypeError:  # an unhashable compile-time value: Triton's path every time
+        key = fast = None
     if fast is not None and not _hooks_active(kernel):
         fast.run(
             grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, _current_stream(device),

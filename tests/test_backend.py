@@ -331,6 +331,7 @@ def test_a_launch_seen_before_calls_the_compiled_launcher_directly(monkeypatch: 
     monkeypatch.setattr(backend, "_current_device", lambda: 0)
     monkeypatch.setattr(backend, "_current_stream", lambda device: 1234)
     monkeypatch.setattr(backend, "_fast_launches", {})
+    monkeypatch.setattr(backend, "_launches_directly", lambda kernel: True)  # the stand-in below, as a JITFunction
     kernel = _Kernel()
     x = torch.zeros(64)
     for _ in range(3):
@@ -369,6 +370,7 @@ def test_a_compile_time_parameter_passed_by_position_is_keyed_by_its_value(monke
     monkeypatch.setattr(backend, "_current_device", lambda: 0)
     monkeypatch.setattr(backend, "_current_stream", lambda device: 1234)
     monkeypatch.setattr(backend, "_fast_launches", {})
+    monkeypatch.setattr(backend, "_launches_directly", lambda kernel: True)  # the stand-in below, as a JITFunction
     kernel = _Kernel()
     kernel.constexprs = [2]  # type: ignore[attr-defined]  # BLOCK, as Triton lists a JITFunction's
     x = torch.zeros(64)
@@ -378,6 +380,19 @@ def test_a_compile_time_parameter_passed_by_position_is_keyed_by_its_value(monke
     assert kernel.direct[1][-2:] == (4096, False)
     backend.launch_compiled(kernel, (1,), (x, 64, 4096), {"num_warps": 4, "FLAG": [1]})  # unhashable: Triton's path
     assert len(kernel.through_triton) == 3
+
+
+def test_only_a_plain_jit_function_launches_directly() -> None:
+    """An autotuned (or heuristic) kernel chooses a configuration per call and may reset outputs in hooks, so it
+    always takes Triton's launch path; a plain @triton.jit function may skip it."""
+    triton = pytest.importorskip("triton")
+
+    def body(x_ptr: Any, BLOCK: Any) -> None:  # never compiled: only the wrappers' types matter
+        pass
+
+    plain = triton.jit(body)
+    autotuned = triton.autotune(configs=[triton.Config({"BLOCK": 16})], key=[])(triton.jit(body))
+    assert backend._launches_directly(plain) and not backend._launches_directly(autotuned)
 
 
 def test_fast_launch_setting_reads_the_environment() -> None:

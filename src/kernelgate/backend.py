@@ -239,6 +239,19 @@ def _runtime_knobs() -> Any:
     return knobs.runtime
 
 
+@functools.cache
+def _jit_function_class() -> Any:
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction
+
+
+def _launches_directly(kernel: Any) -> bool:
+    """Whether ``kernel`` may skip Triton's launch path once seen: a plain ``@triton.jit`` function. An
+    autotuned or heuristic kernel picks a configuration per call and may run hooks (resetting outputs)."""
+    return type(kernel) is _jit_function_class()
+
+
 def _hook_set(hook: Any) -> bool:
     # Triton keeps its launch hooks as chains, present even when empty; an older one as None or a callable.
     return hook is not None and bool(getattr(hook, "calls", True))
@@ -265,7 +278,11 @@ def _current_stream(device: int) -> int:
 def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:
     """Launch a ``@triton.jit`` kernel compiled for the current device (directly, once Triton's path
     has launched the same specialisation)."""
-    if status().target != "cuda" or not (_settings._current or _settings.settings()).fast_launch:
+    if (
+        status().target != "cuda"
+        or not (_settings._current or _settings.settings()).fast_launch
+        or not _launches_directly(kernel)
+    ):
         kernel[grid](*args, **meta)
         return
     device = _current_device()

@@ -3,7 +3,9 @@
 For each op: N asynchronous calls, then one synchronise, divided by N; the median of several such
 rounds. On a GPU the op takes its Triton path (decision cached before timing) and is compared with
 calling the same launcher with the same configuration directly; on a CPU it takes the reference
-path and is compared with calling the reference directly. Writes a JSON file with provenance.
+path and is compared with calling the reference directly. On a GPU the launcher is also timed with
+every launch through Triton's own launch path (``fast_launch`` off), against kernelgate's fast launch
+of a specialisation seen before. Writes a JSON file with provenance.
 
     python benchmarks/overhead.py --out benchmarks/results/h200/overhead.json
 """
@@ -11,6 +13,7 @@ path and is compared with calling the reference directly. Writes a JSON file wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import statistics
 import time
@@ -26,18 +29,30 @@ from kernelgate import backend
 
 
 def interleaved_us(
-    ours: Callable[[], object], direct: Callable[[], object], device: torch.device, calls: int, rounds: int
+    ours: Callable[[], object],
+    direct: Callable[[], object],
+    device: torch.device,
+    calls: int,
+    rounds: int,
+    direct_settings: dict[str, Any] | None = None,
 ) -> tuple[float, float, float]:
-    """Per-call cost of each function, rounds alternating between them; medians, and the median paired difference."""
+    """Per-call cost of each function, rounds alternating between them; medians, and the median paired difference.
+    ``direct_settings``: kernelgate settings in force during the direct function's rounds only."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
     def one_round(fn: Callable[[], object]) -> float:
-        sync()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        return (time.perf_counter() - start) / calls * 1e6
+        before = kernelgate.settings()
+        if fn is direct and direct_settings:
+            kernelgate.configure(**direct_settings)
+        try:
+            sync()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            return (time.perf_counter() - start) / calls * 1e6
+        finally:
+            kernelgate.configure(**dataclasses.asdict(before))
 
     for fn in (ours, direct):
         one_round(fn)  # warm-up
@@ -76,6 +91,14 @@ def main() -> None:
             ours, theirs, overhead = interleaved_us(
                 functools.partial(op, *values), direct, device, args.calls, args.rounds
             )
+            # The launcher again, every launch through Triton's own launch path: what the fast launch saves.
+            tritons_path = fast_saves = float("nan")
+            if impl is not None:
+                same_launcher = functools.partial(call, *values)  # another object: the rounds tell them apart
+                _, tritons_path, saves = interleaved_us(
+                    direct, same_launcher, device, args.calls, args.rounds, direct_settings={"fast_launch": False}
+                )
+                fast_saves = -saves
         rows.append(
             {
                 "op": op.name,
@@ -87,11 +110,14 @@ def main() -> None:
                 "kernelgate_us": round(ours, 3),
                 "direct_us": round(theirs, 3),
                 "overhead_us": round(overhead, 3),
+                "launcher_through_tritons_path_us": round(tritons_path, 3),
+                "fast_launch_saves_us": round(fast_saves, 3),
             }
         )
         print(
             f"{op.name:9} {'x'.join(map(str, shape)):9} {plan.path:10} kernelgate {ours:8.2f} us  "
-            f"{baseline} {theirs:8.2f} us  overhead (median paired difference) {overhead:6.2f} us"
+            f"{baseline} {theirs:8.2f} us  overhead (median paired difference) {overhead:6.2f} us  "
+            f"launcher through Triton's path {tritons_path:8.2f} us (fast launch saves {fast_saves:6.2f} us)"
         )
     result = {
         "benchmark": "host cost per call on a cache hit",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -254,3 +255,149 @@ def test_as_rows_without_a_note_list() -> None:
     t = torch.arange(6.0).view(2, 3).t()
     assert torch.equal(_matrix(as_rows(t, "x")), t)
     assert call_state.notes is None
+
+
+# --- compiled launches: the fast path -------------------------------------------------------------
+
+_SPECIALISED = [
+    *(0, 1, 2, 15, 16, 17, 32, 48, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, -(2**31), -(2**31) - 16),
+    *(2**63 - 16, 2**63 - 1, -(2**63), 2**63, 2**63 + 16, 2**64 - 16),
+    True,
+    False,
+    0.0,
+    1.0,
+    2.5,
+    None,
+]
+
+
+def _tensors() -> list[torch.Tensor]:
+    base = {dtype: torch.zeros(64, dtype=dtype) for dtype in (torch.float32, torch.bfloat16, torch.int64)}
+    return [t[offset:] for t in base.values() for offset in (0, 1, 2, 4, 8, 16)]
+
+
+def test_fast_launch_keys_are_at_least_as_fine_as_tritons_specialisation() -> None:
+    """Arguments with the same fast-launch key get the same specialisation from Triton itself (its native
+    specialiser, the one JITFunction.run uses), so a kernel found by the key is the one Triton would choose."""
+    pytest.importorskip("triton")
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    by_key: dict[Any, set[Any]] = {}
+    for value in [*_SPECIALISED, *_tensors()]:
+        key = backend._argument_key(value)
+        assert key is not None, value
+        spec = native_specialize_impl(BaseBackend, value, False, True, True)
+        by_key.setdefault((type(value) is bool, key), set()).add(spec)
+    assert all(len(specs) == 1 for specs in by_key.values()), {k: v for k, v in by_key.items() if len(v) > 1}
+    assert len(by_key) >= 12, "the corpus covers several distinct specialisations"
+    assert backend._argument_key((1, 2)) is None and backend._argument_key("s") is None
+
+
+class _Compiled:
+    def __init__(self, launches: list[tuple[Any, ...]]) -> None:
+        self.function, self.packed_metadata = "function", "metadata"
+        self.run = lambda *a: launches.append(a)
+
+
+class _Kernel:
+    """A stand-in for a JITFunction: ``kernel[grid](*args, **meta)`` records Triton's path and returns a compiled
+    kernel whose launcher records direct launches."""
+
+    def __init__(self) -> None:
+        self.through_triton: list[tuple[Any, ...]] = []
+        self.direct: list[tuple[Any, ...]] = []
+
+        def fn(x_ptr: Any, n: int, BLOCK: int, FLAG: bool = False) -> None:
+            pass
+
+        self.fn = fn
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        def launch(*args: Any, **meta: Any) -> _Compiled:
+            self.through_triton.append((grid, args, meta))
+            return _Compiled(self.direct)
+
+        return launch
+
+
+def test_a_launch_seen_before_calls_the_compiled_launcher_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first launch of a specialisation goes through Triton; the next ones call its launcher with the grid, the
+    stream and every argument in order (positional ones, then compile-time values and defaults). A new
+    specialisation (here an unaligned pointer) or an active launch hook goes through Triton again."""
+    pytest.importorskip("triton")
+    as_if_cuda = dataclasses.replace(backend.status(), target="cuda")
+    monkeypatch.setattr(backend, "status", lambda: as_if_cuda)
+    monkeypatch.setattr(backend, "_current_device", lambda: 0)
+    monkeypatch.setattr(backend, "_current_stream", lambda device: 1234)
+    monkeypatch.setattr(backend, "_fast_launches", {})
+    monkeypatch.setattr(backend, "_launches_directly", lambda kernel: True)  # the stand-in below, as a JITFunction
+    kernel = _Kernel()
+    x = torch.zeros(64)
+    for _ in range(3):
+        backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 128, "num_warps": 4})
+    assert len(kernel.through_triton) == 1 and len(kernel.direct) == 2
+    assert kernel.direct[0] == (7, 1, 1, 1234, "function", "metadata", None, None, None, x, 64, 128, False)
+    backend.launch_compiled(kernel, (7, 2), (x[1:], 64), {"BLOCK": 128, "num_warps": 4})
+    assert len(kernel.through_triton) == 2, "an unaligned pointer is another specialisation"
+    backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 256, "num_warps": 4})
+    assert len(kernel.through_triton) == 3, "another compile-time value"
+
+    from triton import knobs
+
+    def profiler_hook(*args: Any) -> None:
+        pass
+
+    knobs.runtime.launch_enter_hook.add(profiler_hook)
+    try:
+        backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 128, "num_warps": 4})
+    finally:
+        knobs.runtime.launch_enter_hook.remove(profiler_hook)
+    assert len(kernel.through_triton) == 4 and len(kernel.direct) == 2, "a launch hook sees every launch"
+    backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 128, "num_warps": 4})
+    assert len(kernel.direct) == 3, "with the hook gone, direct again"
+    kernelgate.configure(fast_launch=False)
+    backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 128, "num_warps": 4})
+    assert len(kernel.through_triton) == 5 and len(kernel.direct) == 3, "fast_launch off: Triton's path always"
+
+
+def test_a_compile_time_parameter_passed_by_position_is_keyed_by_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton compiles for each value of a constexpr, so a launch passing one by position (BLOCK here) is keyed by
+    its exact value: 4096 after 8192 (the same divisibility) goes through Triton again, not to the 8192 kernel."""
+    pytest.importorskip("triton")
+    as_if_cuda = dataclasses.replace(backend.status(), target="cuda")
+    monkeypatch.setattr(backend, "status", lambda: as_if_cuda)
+    monkeypatch.setattr(backend, "_current_device", lambda: 0)
+    monkeypatch.setattr(backend, "_current_stream", lambda device: 1234)
+    monkeypatch.setattr(backend, "_fast_launches", {})
+    monkeypatch.setattr(backend, "_launches_directly", lambda kernel: True)  # the stand-in below, as a JITFunction
+    kernel = _Kernel()
+    kernel.constexprs = [2]  # type: ignore[attr-defined]  # BLOCK, as Triton lists a JITFunction's
+    x = torch.zeros(64)
+    for block in (8192, 8192, 4096, 4096):
+        backend.launch_compiled(kernel, (1,), (x, 64, block), {"num_warps": 4})
+    assert len(kernel.through_triton) == 2 and len(kernel.direct) == 2
+    assert kernel.direct[1][-2:] == (4096, False)
+    backend.launch_compiled(kernel, (1,), (x, 64, 4096), {"num_warps": 4, "FLAG": [1]})  # unhashable: Triton's path
+    assert len(kernel.through_triton) == 3
+
+
+def test_only_a_plain_jit_function_launches_directly() -> None:
+    """An autotuned (or heuristic) kernel chooses a configuration per call and may reset outputs in hooks, so it
+    always takes Triton's launch path; a plain @triton.jit function may skip it."""
+    triton = pytest.importorskip("triton")
+
+    def body(x_ptr: Any, BLOCK: Any) -> None:  # never compiled: only the wrappers' types matter
+        pass
+
+    plain = triton.jit(body)
+    autotuned = triton.autotune(configs=[triton.Config({"BLOCK": 16})], key=[])(triton.jit(body))
+    assert backend._launches_directly(plain) and not backend._launches_directly(autotuned)
+
+
+def test_fast_launch_setting_reads_the_environment() -> None:
+    """KERNELGATE_FAST_LAUNCH: on unless set to a false value; anything else is a clear error."""
+    assert kernelgate.Settings.from_env({}).fast_launch is True
+    assert kernelgate.Settings.from_env({"KERNELGATE_FAST_LAUNCH": "0"}).fast_launch is False
+    with pytest.raises(kernelgate.SettingsError, match="KERNELGATE_FAST_LAUNCH"):
+        kernelgate.Settings.from_env({"KERNELGATE_FAST_LAUNCH": "sometimes"})

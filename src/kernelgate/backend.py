@@ -9,12 +9,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import importlib.metadata
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+_settings = importlib.import_module("kernelgate.settings")  # the module: the package exports settings()
 
 __all__ = [
     "BackendStatus",
@@ -125,9 +128,185 @@ def multiprocessors(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
+# ---------------------------------------------------------------------------------------------
+# Compiled launches. ``kernel[grid](*args)`` runs Triton's launch path in Python on every call:
+# binding the arguments, specialising each one, the cache key, hooks, the grid, the stream. Once a
+# combination of kernel, device, compile-time values and argument specialisations has been launched
+# that way, later launches of it call the compiled kernel's launcher directly. The combination is
+# keyed at least as finely as Triton specialises (a tensor by dtype and 16-byte alignment, an int by
+# being 1, divisibility by 16 and its integer type, a bool, float or None by kind), so the kernel
+# found is the one Triton would have chosen. Anything else (other argument kinds, launch hooks such
+# as a profiler's, pre-run hooks, a target other than CUDA) takes Triton's own path.
+# ---------------------------------------------------------------------------------------------
+
+_INT64 = (-(2**63), 2**63 - 1)
+# Fast launches remembered; past this many the table starts over (each entry is small).
+FAST_LAUNCH_LIMIT = 4096
+
+
+class _FastLaunch:
+    """What a direct launch of one compiled kernel needs, besides the grid, stream and arguments."""
+
+    __slots__ = ("function", "metadata", "run", "trailing")
+
+    def __init__(self, compiled: Any, trailing: tuple[Any, ...]) -> None:
+        self.run = compiled.run  # Triton's generated launcher (its handles load on first access)
+        self.function = compiled.function
+        self.metadata = compiled.packed_metadata
+        self.trailing = trailing  # values of the parameters after the positional ones, in order
+
+
+_fast_launches: dict[tuple[Any, ...], _FastLaunch] = {}
+
+
+def _argument_key(value: Any) -> Any:
+    """How Triton specialises ``value``, or a finer distinction; ``None`` for kinds not handled here."""
+    kind = type(value)
+    if kind is int:
+        width = 0 if -2147483648 <= value <= 2147483647 else 1 if _INT64[0] <= value <= _INT64[1] else 2
+        return value == 1, value & 15 == 0, width
+    if kind is torch.Tensor or isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() & 15 == 0
+    if kind is bool:
+        return "b"
+    if kind is float:
+        return "f"
+    if value is None:
+        return "n"
+    return None
+
+
+def launch_key(kernel: Any, device: int, args: Sequence[Any], meta: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The fast-launch table's key of a launch, or ``None`` when it must take Triton's path.
+
+    Kept flat: it runs on every launch, and costs about as much as the Triton code it replaces.
+    """
+    key: list[Any] = [kernel, device, len(args)]
+    append = key.append
+    if getattr(kernel, "constexprs", None) and min(kernel.constexprs) < len(args):
+        # A compile-time parameter passed by position: its exact value, as Triton compiles for it.
+        return _key_with_constexprs(key, kernel.constexprs, args, meta)
+    for value in args:
+        kind = type(value)
+        if kind is int:  # inline _argument_key's commonest cases
+            append((value == 1, value & 15 == 0, 0 if -2147483648 <= value <= 2147483647 else _argument_key(value)[2]))
+        elif kind is torch.Tensor:
+            append((value.dtype, value.data_ptr() & 15 == 0))
+        else:
+            part = _argument_key(value)
+            if part is None:
+                return None
+            append(part)
+    # Compile-time values and launch options; their types too, as 1 and True hash alike.
+    key.append(tuple(meta.items()))
+    key.append(tuple(map(type, meta.values())))
+    return tuple(key)
+
+
+def _key_with_constexprs(
+    key: list[Any], constexprs: Sequence[int], args: Sequence[Any], meta: dict[str, Any]
+) -> tuple[Any, ...] | None:
+    """launch_key's slower form, for a launch passing compile-time parameters by position."""
+    for position, value in enumerate(args):
+        part = ("constexpr", type(value), value) if position in constexprs else _argument_key(value)
+        if part is None:
+            return None
+        key.append(part)
+    key.append(tuple(meta.items()))
+    key.append(tuple(map(type, meta.values())))
+    return tuple(key)
+
+
+def _trailing_values(kernel: Any, n_args: int, meta: dict[str, Any]) -> tuple[Any, ...] | None:
+    """Values of the kernel's parameters after the first ``n_args``, from ``meta`` or their defaults, in order."""
+    import inspect
+
+    values = []
+    for parameter in list(inspect.signature(kernel.fn).parameters.values())[n_args:]:
+        if parameter.name in meta:
+            values.append(meta[parameter.name])
+        elif parameter.default is not inspect.Parameter.empty:
+            values.append(parameter.default)
+        else:
+            return None
+    return tuple(values)
+
+
+@functools.cache
+def _runtime_knobs() -> Any:
+    from triton import knobs
+
+    return knobs.runtime
+
+
+@functools.cache
+def _jit_function_class() -> Any:
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction
+
+
+def _launches_directly(kernel: Any) -> bool:
+    """Whether ``kernel`` may skip Triton's launch path once seen: a plain ``@triton.jit`` function. An
+    autotuned or heuristic kernel picks a configuration per call and may run hooks (resetting outputs)."""
+    return type(kernel) is _jit_function_class()
+
+
+def _hook_set(hook: Any) -> bool:
+    # Triton keeps its launch hooks as chains, present even when empty; an older one as None or a callable.
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _hooks_active(kernel: Any) -> bool:
+    runtime = _runtime_knobs()
+    return (
+        _hook_set(runtime.launch_enter_hook)
+        or _hook_set(runtime.launch_exit_hook)
+        or getattr(runtime, "add_stages_inspection_hook", None) is not None
+        or bool(getattr(kernel, "pre_run_hooks", None))
+    )
+
+
+def _current_device() -> int:
+    return int(torch._C._cuda_getDevice())
+
+
+def _current_stream(device: int) -> int:
+    return int(torch._C._cuda_getCurrentRawStream(device))
+
+
 def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:
-    """Launch a ``@triton.jit`` kernel compiled for the current device."""
-    kernel[grid](*args, **meta)
+    """Launch a ``@triton.jit`` kernel compiled for the current device (directly, once Triton's path
+    has launched the same specialisation)."""
+    if (
+        status().target != "cuda"
+        or not (_settings._current or _settings.settings()).fast_launch
+        or not _launches_directly(kernel)
+    ):
+        kernel[grid](*args, **meta)
+        return
+    device = _current_device()
+    key = launch_key(kernel, device, args, meta)
+    try:
+        fast = _fast_launches.get(key) if key is not None else None
+    except TypeError:  # an unhashable compile-time value: Triton's path every time
+        key = fast = None
+    if fast is not None and not _hooks_active(kernel):
+        fast.run(
+            grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, _current_stream(device),
+            fast.function, fast.metadata, None, None, None, *args, *fast.trailing,
+        )  # fmt: skip
+        return
+    compiled = kernel[grid](*args, **meta)
+    if key is None or compiled is None or _hooks_active(kernel):
+        return
+    if hasattr(compiled, "result"):  # a compile that ran asynchronously: its future
+        compiled = compiled.result()
+    trailing = _trailing_values(kernel, len(args), meta)
+    if trailing is not None:
+        if len(_fast_launches) >= FAST_LAUNCH_LIMIT:
+            _fast_launches.clear()
+        _fast_launches[key] = _FastLaunch(compiled, trailing)
 
 
 def warm_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:

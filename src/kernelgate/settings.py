@@ -19,6 +19,8 @@ variable                        meaning                                         
                                 (warn, and use the reference from then on)
 ``KERNELGATE_COMPILE_WORKERS``  processes compiling a new bucket's candidates  CPUs, at most 16
                                 in parallel; 0: compile in the process only
+``KERNELGATE_FAST_LAUNCH``      launch a kernel seen before through its         ``1``
+                                compiled launcher; ``0``: Triton's launch path
 ==============================  ==============================================  ====================
 
 The environment is read once, on first use; :func:`configure` changes settings for the process
@@ -93,6 +95,9 @@ class Settings:
         compile_workers: processes that compile a new bucket's candidates in parallel before they
             are timed (:mod:`kernelgate.compile_ahead`); 0 compiles them in this process, one by
             one; ``None``: the CPUs this process may use, at most 16.
+        fast_launch: launch a compiled kernel whose specialisation was launched before straight
+            through its compiled launcher (:func:`kernelgate.backend.launch_compiled`); off: every
+            launch takes Triton's own launch path.
     """
 
     mode: Mode = "auto"
@@ -105,10 +110,11 @@ class Settings:
     check_every: int = 1
     check_action: CheckAction = "raise"
     compile_workers: int | None = None
+    fast_launch: bool = True
 
     def __post_init__(self) -> None:
         parse_mode(self.mode, source="mode")
-        for name in ("interpret", "warn_fallback", "tune"):
+        for name in ("interpret", "warn_fallback", "tune", "fast_launch"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingsError(f"{name} must be a bool; got {getattr(self, name)!r}.")
         for name in ("log_path", "cache_dir"):
@@ -155,6 +161,7 @@ class Settings:
             compile_workers=int(_parse_number(workers, int, source="KERNELGATE_COMPILE_WORKERS"))
             if (workers := env.get("KERNELGATE_COMPILE_WORKERS", "").strip())
             else None,
+            fast_launch=_parse_bool(env.get("KERNELGATE_FAST_LAUNCH", "1"), source="KERNELGATE_FAST_LAUNCH"),
         )
 
 

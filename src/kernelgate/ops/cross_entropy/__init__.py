@@ -61,8 +61,6 @@ CROSS_ENTROPY_REDUCE = LazyKernel(_KERNELS, "_cross_entropy_reduce_kernel")
 CROSS_ENTROPY_BWD = LazyKernel(_KERNELS, "_cross_entropy_bwd_kernel")
 CROSS_ENTROPY_BWD_LOOPED = LazyKernel(_KERNELS, "_cross_entropy_bwd_looped_kernel")
 CROSS_ENTROPY_BWD_SCALE = LazyKernel(_KERNELS, "_cross_entropy_bwd_scale_kernel")
-# A helper, listed with the kernel that calls it so that its source is hashed into decisions too.
-LANE_LOGSUMEXP_STEP = LazyKernel(_KERNELS, "_lane_logsumexp_step")
 # Float logits (and weights) and the int64 targets.
 DTYPES = (*HALF_AND_FLOAT, torch.int64)
 # Rows per block of the one-program reductions over rows (of at most a few MB).
@@ -96,7 +94,6 @@ def _forward(
     block: int,
     num_warps: int,
     with_stats: bool = False,
-    lane_max: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The loss, and with ``with_stats`` each row's ``(m, log(s))`` (see cross_entropy_with_stats)."""
     check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
@@ -115,7 +112,7 @@ def _forward(
         CROSS_ENTROPY_FWD, (rows.n_rows,), rows.tensor, t, _weight(weight, rows.tensor), loss, target_weight, stats,
         rows.stride, stride_t, rows.n_cols, ignore_index, float(label_smoothing),
         HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, WRITE_TARGET_WEIGHT=reduction == "mean",
-        WRITE_STATS=with_stats, BLOCK_N=block, LANE_MAX=lane_max, num_warps=num_warps,
+        WRITE_STATS=with_stats, BLOCK_N=block, num_warps=num_warps,
     )  # fmt: skip
     if reduction == "none":
         return loss, stats if with_stats else None
@@ -127,9 +124,8 @@ def _forward(
     return out, stats if with_stats else None
 
 
-def _forward_launchers(with_stats: bool) -> tuple[Any, Any, Any]:
-    """The single-block, looped and looped-with-lane-maxima launchers of cross_entropy, or of
-    cross_entropy_with_stats."""
+def _forward_launchers(with_stats: bool) -> tuple[Any, Any]:
+    """The single-block and looped launchers of cross_entropy, or of cross_entropy_with_stats."""
 
     def result(loss: torch.Tensor, stats: torch.Tensor | None) -> Any:
         return (loss, stats) if with_stats else loss
@@ -152,27 +148,24 @@ def _forward_launchers(with_stats: bool) -> tuple[Any, Any, Any]:
             )
         )  # fmt: skip
 
-    def looped_launcher(lane_max: bool) -> Any:
-        def looped(
-            logits: torch.Tensor,
-            target: torch.Tensor,
-            weight: torch.Tensor | None = None,
-            ignore_index: int = -100,
-            label_smoothing: float = 0.0,
-            reduction: str = "mean",
-            *,
-            config: Config,
-        ) -> Any:
-            return result(
-                *_forward(
-                    logits, target, weight, ignore_index, label_smoothing, reduction, config["BLOCK_N"],
-                    config["num_warps"], with_stats, lane_max,
-                )
-            )  # fmt: skip
+    def looped(
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        *,
+        config: Config,
+    ) -> Any:
+        return result(
+            *_forward(
+                logits, target, weight, ignore_index, label_smoothing, reduction, config["BLOCK_N"],
+                config["num_warps"], with_stats,
+            )
+        )  # fmt: skip
 
-        return looped
-
-    return single_block, looped_launcher(False), looped_launcher(True)
+    return single_block, looped
 
 
 def _backward(
@@ -254,11 +247,9 @@ def _launch_backward_looped(
 
 
 def _impls(
-    launchers: tuple[Any, ...], kernels: tuple[tuple[LazyKernel, ...], tuple[LazyKernel, ...]], skip: int
-) -> tuple[TritonImpl, ...]:
-    """A single-block and a looped implementation, from ``launchers`` in that order (for the forward, a third:
-    looped with its maxima kept per lane); ``skip`` arguments precede the logits."""
-    single_block, looped, *lanes = launchers
+    single_block: Any, looped: Any, kernels: tuple[tuple[LazyKernel, ...], tuple[LazyKernel, ...]], skip: int
+) -> tuple[TritonImpl, TritonImpl]:
+    """A single-block and a looped implementation; ``skip`` arguments precede the logits."""
 
     def n_cols(*args: Any) -> int:
         return _n_cols(args[skip])
@@ -274,17 +265,14 @@ def _impls(
             default_config=lambda *args: rowwise.single_block_default(n_cols(*args)),
             prune=lambda config, *args: rowwise.prune_single_block(config, n_cols(*args)),
         ),
-        *(
-            TritonImpl(
-                name,
-                launcher,
-                kernels[1] if name == "looped" else (*kernels[1], LANE_LOGSUMEXP_STEP),
-                dtypes=DTYPES,
-                configs=rowwise.LOOPED_CONFIGS,
-                default_config=rowwise.LOOPED_DEFAULT,
-                prune=lambda config, *args: rowwise.prune_looped(config, n_cols(*args)),
-            )
-            for name, launcher in (("looped", looped), *(("looped_lanes", lane) for lane in lanes))
+        TritonImpl(
+            "looped",
+            looped,
+            kernels[1],
+            dtypes=DTYPES,
+            configs=rowwise.LOOPED_CONFIGS,
+            default_config=rowwise.LOOPED_DEFAULT,
+            prune=lambda config, *args: rowwise.prune_looped(config, n_cols(*args)),
         ),
     )
 
@@ -354,7 +342,8 @@ cross_entropy_backward = Op(
     reference=cross_entropy_backward_reference,
     args=(*_contract(TensorArg("grad")), _STATS),
     implementations=_impls(
-        (_launch_backward_single_block, _launch_backward_looped),
+        _launch_backward_single_block,
+        _launch_backward_looped,
         ((CROSS_ENTROPY_BWD, CROSS_ENTROPY_BWD_SCALE), (CROSS_ENTROPY_BWD_LOOPED, CROSS_ENTROPY_BWD_SCALE)),
         skip=1,
     ),
@@ -369,7 +358,7 @@ cross_entropy_with_stats = Op(
     reference=cross_entropy_with_stats_reference,
     args=_contract(),
     implementations=_impls(
-        _forward_launchers(with_stats=True),
+        *_forward_launchers(with_stats=True),
         ((CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE), (CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE)),
         skip=0,
     ),
@@ -403,7 +392,7 @@ cross_entropy = Op(
     reference=cross_entropy_reference,
     args=_contract(),
     implementations=_impls(
-        _forward_launchers(with_stats=False),
+        *_forward_launchers(with_stats=False),
         ((CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE), (CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE)),
         skip=0,
     ),

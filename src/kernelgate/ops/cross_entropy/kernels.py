@@ -17,25 +17,10 @@ import triton.language as tl
 
 
 @triton.jit
-def _lane_logsumexp_step(m, s, x):
-    """One block of an online log-sum-exp kept per lane: ``m`` the lane's maximum so far, ``s`` its sum of
-    ``exp(x - m)``; one exp per element and no reduction across lanes.
-
-    A new maximum rescales the lane's sum by ``exp(m - x)`` and adds 1; otherwise ``exp(x - m)`` is
-    added. Both are ``exp(-|x - m|)``. An element of -inf adds nothing; a NaN makes the lane's sum
-    NaN (the maximum ignores it), as torch's result is.
-    """
-    e = tl.where(x == float("-inf"), 0.0, tl.exp(-tl.abs(x - m)))
-    s = tl.where(x > m, s * e + 1.0, s + e)
-    return tl.maximum(m, x), s
-
-
-@triton.jit
 def _cross_entropy_fwd_kernel(
     x_ptr, target_ptr, weight_ptr, loss_ptr, target_weight_ptr, stats_ptr, stride_xm, stride_tm, n_cols,
     ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     WRITE_TARGET_WEIGHT: tl.constexpr, WRITE_STATS: tl.constexpr, BLOCK_N: tl.constexpr,
-    LANE_MAX: tl.constexpr = False,
 ):  # fmt: skip
     """loss[m] = (1 - eps) * w[t] * (lse - x[t]) + eps / C * sum_c w[c] * (lse - x[c]), in one read of the row.
 
@@ -47,10 +32,8 @@ def _cross_entropy_fwd_kernel(
     Grid: (n_rows,). The smoothing term (only with HAS_SMOOTHING) is ``W * (lse - p) - sum(w * (x - p))``
     with the pivot ``p = x[t]``, which takes a common offset of the logits out of the sum.
 
-    The row is streamed in blocks of BLOCK_N with an online maximum: one exp per element. Without
-    LANE_MAX the maximum is the block's (a reduction across the program's warps per block); with it,
-    each lane keeps its own maximum and sum (:func:`_lane_logsumexp_step`), and the lanes are combined
-    once at the end. An ignored row's loss is 0 and a bad row's NaN; neither reads the row.
+    The row is streamed in blocks of BLOCK_N with an online maximum: one exp per element. An ignored
+    row's loss is 0 and a bad row's NaN; neither reads the row.
     """
     row = tl.program_id(0)
     t = tl.load(target_ptr + row * stride_tm)
@@ -61,22 +44,18 @@ def _cross_entropy_fwd_kernel(
     x_t = tl.load(x_row + t_safe, mask=valid, other=0.0).to(tl.float32)
     pivot = tl.where(tl.abs(x_t) < float("inf"), x_t, 0.0)  # finite: -inf and NaN would poison the sum
     m = tl.full((), float("-inf"), tl.float32)
-    m_lane = tl.full([BLOCK_N], float("-inf"), tl.float32)  # with LANE_MAX: per lane, the maximum so far
-    s = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of exp(x - m), or of exp(x - m_lane)
+    s = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of exp(x - m)
     sum_w = tl.zeros([BLOCK_N], tl.float32)
     sum_wx = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of w * (x - pivot)
     for start in range(0, tl.where(valid, n_cols, 0), BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
         x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
-        if LANE_MAX:
-            m_lane, s = _lane_logsumexp_step(m_lane, s, x)
-        else:
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            # Equal maxima (both -inf included) keep s; a NaN anywhere makes s NaN, as torch's result is.
-            s = s * tl.where(m_new == m, 1.0, tl.exp(m - m_new))
-            s += tl.exp(x - tl.where(m_new == float("-inf"), 0.0, m_new))
-            m = m_new
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # Equal maxima (both -inf included) keep s; a NaN anywhere makes s NaN, as torch's result is.
+        s = s * tl.where(m_new == m, 1.0, tl.exp(m - m_new))
+        s += tl.exp(x - tl.where(m_new == float("-inf"), 0.0, m_new))
+        m = m_new
         if HAS_SMOOTHING:
             if HAS_WEIGHT:
                 w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -84,10 +63,6 @@ def _cross_entropy_fwd_kernel(
                 sum_wx += tl.where(mask, w * (x - pivot), 0.0)
             else:
                 sum_wx += tl.where(mask, x - pivot, 0.0)
-    if LANE_MAX:
-        m = tl.max(m_lane, axis=0)
-        # A lane that saw only -inf adds nothing (and a row of only -inf has s = 0, log(s) = -inf).
-        s = s * tl.where(m_lane == float("-inf"), 0.0, tl.exp(m_lane - m))
     log_s = tl.log(tl.sum(s, axis=0))
     if HAS_WEIGHT:
         w_t = tl.load(weight_ptr + t_safe, mask=valid, other=0.0).to(tl.float32)

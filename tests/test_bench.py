@@ -23,7 +23,8 @@ import kernelgate
 import kernelgate.bench as bench
 from kernelgate.bench import runner as bench_runner
 from kernelgate.bench import specs as bench_specs
-from kernelgate.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, main
+from kernelgate.bench.precompile import DEFAULT_WORKERS, compile_cases, precompile
+from kernelgate.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, _parser, main
 from kernelgate.op import get_op
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -575,6 +576,44 @@ def test_cli_usage_errors(
     code = main(["bench", *argv, "--out", str(tmp_path / "out")])
     assert code == EXIT_USAGE
     assert expected in " ".join(capsys.readouterr().out.split())
+
+
+def test_precompiled_graphs_are_found_in_inductors_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case compiled by a precompile worker is loaded from inductor's caches by the run's own torch.compile of
+    the same reference on the same inputs: forward and forward+backward, with no graph compiled again."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    spec, case, cpu = bench.spec_for("softmax"), bench.Case((4, 32)), torch.device("cpu")
+    done = precompile([(spec, [("float32", case)])], cpu, backward=True, workers=1)
+    assert (done.jobs, done.failed) == (1, 0)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(get_op("softmax").reference, dynamic=False)
+    fwd_args, bwd_args = bench_runner.case_args(spec, torch.float32, case, cpu)
+    compiled(*fwd_args)
+    bench_runner._autograd_step(compiled, bwd_args, spec.grad_args)()()
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 2, dict(counters["inductor"])
+    assert counters["inductor"]["fxgraph_cache_miss"] == 0, dict(counters["inductor"])
+
+
+def test_a_case_a_worker_cannot_compile_is_reported_and_the_rest_go_on() -> None:
+    """A worker that fails on one case says so in its reply line and compiles the next."""
+    jobs = {
+        "device": "cpu",
+        "backward": True,
+        "backend": "eager",
+        "cases": [["softmax", "float32", [-1, 8]], ["softmax", "float32", [2, 8]]],
+    }
+    lines = compile_cases(jobs)
+    assert lines[0].startswith("failed softmax float32 [-1, 8]: ") and lines[1] == "ok softmax float32 [2, 8]"
+
+
+def test_precompile_workers_are_checked_and_the_cli_default_is_the_modules(tmp_path: Path) -> None:
+    """A negative worker count is refused with the argument named; the CLI's default is DEFAULT_WORKERS."""
+    with pytest.raises(bench.BenchError, match=r"precompile_workers must be >= 0; got -1"):
+        bench.run(["softmax"], device="cpu", precompile_workers=-1)
+    parser = _parser()
+    assert parser.parse_args(["bench"]).precompile_workers == DEFAULT_WORKERS
 
 
 # --- on the GPU ----------------------------------------------------------------------------------

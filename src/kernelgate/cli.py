@@ -367,6 +367,7 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
                 backward=not args.no_backward,
                 compile=not args.no_compile,
                 compile_backend=args.compile_backend,
+                precompile_workers=args.precompile_workers,
                 liger=not args.no_liger,
                 interpret=args.interpret,
                 warmup_ms=args.warmup,
@@ -436,6 +437,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-backward", action="store_true", help="forward only")
     bench.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     bench.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    bench.add_argument(
+        "--precompile-workers",
+        type=int,
+        default=8,  # kernelgate.bench.precompile.DEFAULT_WORKERS (the bench package is imported on use)
+        metavar="N",
+        help="processes compiling torch.compile's graphs before the run measures (GPU, inductor; 0: off; default 8)",
+    )
     bench.add_argument("--no-liger", action="store_true", help="skip Liger-Kernel even where it is installed")
     bench.add_argument("--warmup", type=int, default=5, help="do_bench warm-up, ms (default 5)")
     bench.add_argument("--rep", type=int, default=20, help="do_bench measuring time, ms (default 20)")

@@ -35,6 +35,7 @@ import torch
 from rich.console import Console
 
 from kernelgate import backend
+from kernelgate.bench.precompile import DEFAULT_WORKERS, precompile
 from kernelgate.bench.report import FORWARD, FORWARD_BACKWARD, LATENCY_BYTES, BenchRow, Provenance, print_table
 from kernelgate.bench.specs import SPECS, BenchSpec, bench_specs
 from kernelgate.bench.suite import DTYPES, BenchError, Case, Suite, default_suite, load_suite
@@ -223,6 +224,20 @@ def _tensors(result: Any) -> list[torch.Tensor]:
     return [t for t in items if isinstance(t, torch.Tensor)]
 
 
+def case_args(
+    spec: BenchSpec, dtype: torch.dtype, case: Case, device: torch.device
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A case's arguments (seeded), and the same with the differentiated ones requiring grad."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(SEED)
+        args = tuple(spec.make_args(case.shape, dtype, device))
+    bwd_args = tuple(
+        a.detach().requires_grad_(True) if i in spec.grad_args and isinstance(a, torch.Tensor) else a
+        for i, a in enumerate(args)
+    )
+    return args, bwd_args
+
+
 def _autograd_step(
     fn: Callable[..., Any], args: tuple[Any, ...], grad_args: Sequence[int]
 ) -> Callable[[], Callable[[], Any]]:
@@ -377,6 +392,7 @@ class _Runner:
         liger: bool,
         interpret: bool,
         deadline: float | None = None,
+        compile_note: str = "",
     ) -> None:
         self.device = device
         self.timing = timing
@@ -391,6 +407,7 @@ class _Runner:
         self.liger_version = provenance.liger_version if liger and device.type == "cuda" else ""
         self.interpret = interpret
         self.deadline = deadline  # time.monotonic() after which no case starts
+        self.compile_note = compile_note  # how torch.compile's graphs were compiled, when ahead of the run
 
     def op_rows(
         self, spec: BenchSpec, cases: Sequence[tuple[str, Case]], on_case: Callable[[], None]
@@ -427,15 +444,8 @@ class _Runner:
         case: Case,
     ) -> tuple[list[BenchRow], str]:
         device = self.device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(SEED)
-            args = spec.make_args(case.shape, DTYPES[dtype], device)
-        fwd_args = tuple(args)
-        bwd_args = tuple(
-            a.detach().requires_grad_(True) if i in spec.grad_args and isinstance(a, torch.Tensor) else a
-            for i, a in enumerate(args)
-        )
-        input_bytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+        fwd_args, bwd_args = case_args(spec, DTYPES[dtype], case, device)
+        input_bytes = sum(a.numel() * a.element_size() for a in fwd_args if isinstance(a, torch.Tensor))
         regime = "latency" if input_bytes < self.timing.latency_bytes else "bandwidth"
 
         impls: list[_Impl] = [
@@ -451,7 +461,7 @@ class _Runner:
                         "compile",
                         lambda: compiled(*fwd_args),
                         _autograd_step(compiled, bwd_args, spec.grad_args),
-                        note=f"torch.compile(dynamic=False, backend={self._backend_name})",
+                        note=f"torch.compile(dynamic=False, backend={self._backend_name}){self.compile_note}",
                     )
                 )
         start = time.perf_counter()
@@ -617,6 +627,7 @@ def run(
     backward: bool = True,
     compile: bool = True,
     compile_backend: str | Callable[..., Any] = "inductor",
+    precompile_workers: int = DEFAULT_WORKERS,
     liger: bool = True,
     interpret: bool = False,
     warmup_ms: int = 5,
@@ -641,6 +652,9 @@ def run(
         backward: also measure forward+backward.
         compile: also measure ``torch.compile`` of the reference.
         compile_backend: the ``backend`` given to ``torch.compile`` (a name or a callable).
+        precompile_workers: on a GPU with the inductor backend, processes that compile torch.compile's
+            graphs for the whole run before it measures (:mod:`kernelgate.bench.precompile`), so its
+            first calls load them from inductor's caches; 0: each first call compiles.
         liger: also measure Liger-Kernel where it is installed and has the op.
         interpret: run the Triton implementations through Triton's interpreter (CPU tensors).
         warmup_ms, rep_ms: ``do_bench``'s warm-up and measuring time per measurement (GPU).
@@ -676,6 +690,8 @@ def run(
     counts = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "repeats": repeats, "cpu_repeats": cpu_repeats}
     if host_calls is not None:
         counts["host_calls"] = host_calls
+    if precompile_workers < 0:
+        raise BenchError(f"precompile_workers must be >= 0; got {precompile_workers}.")
     if time_limit_s is not None and not time_limit_s > 0:
         raise BenchError(f"time_limit_s must be > 0 seconds; got {time_limit_s}.")
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
@@ -724,6 +740,12 @@ def run(
             copy_gbps=round(copy, 1),
             started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
+        compile_note = ""
+        if compile and precompile_workers and device.type == "cuda" and compile_backend == "inductor" and plan:
+            ahead = precompile(plan, device, backward=backward, workers=precompile_workers)
+            compile_note = f"; graphs compiled ahead by {precompile_workers} worker processes"
+            if console is not None:
+                console.print(f"{ahead} ({precompile_workers} worker processes)")
         runner = _Runner(
             device,
             timing,
@@ -734,6 +756,7 @@ def run(
             liger=liger,
             interpret=interpret,
             deadline=deadline,
+            compile_note=compile_note,
         )
         if console is not None:
             console.print(

@@ -27,7 +27,7 @@ deadline=$((SECONDS + ${BUDGET:-570}))
 within_budget() { local left=$((deadline - SECONDS - 15)); [ "$left" -gt 0 ] && timeout --kill-after=5 "$left" "$@"; }
 if [ "$part" = tests ]; then
   # -rfEs: the short summary names failures and errors, not only skips.
-  within_budget python3 -m pytest tests src -q -p no:cacheprovider -n "${WORKERS:-8}" -rfEs > "$out/pytest.log" 2>&1
+  within_budget python3 -m pytest tests src -q -p no:cacheprovider -n "${WORKERS:-8}" -rfEs --durations=30 > "$out/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$out/pytest.log"
   grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.log" | tail -25
   within_budget python3 benchmarks/overhead.py --out "$out/overhead.json" > "$out/overhead.txt" 2>&1

@@ -584,7 +584,8 @@ def test_precompiled_graphs_are_found_in_inductors_cache(tmp_path: Path, monkeyp
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     spec, case, cpu = bench.spec_for("softmax"), bench.Case((4, 32)), torch.device("cpu")
     done = precompile([(spec, [("float32", case)])], cpu, backward=True, workers=1)
-    assert (done.jobs, done.failed) == (1, 0)
+    assert (done.jobs, done.compiled, done.failed) == (1, 1, 0)
+    assert str(done).startswith("torch.compile ahead: 1 of 1 case(s) compiled in ")
     counters = torch._dynamo.utils.counters
     counters.clear()
     torch._dynamo.reset()
@@ -606,6 +607,14 @@ def test_a_case_a_worker_cannot_compile_is_reported_and_the_rest_go_on() -> None
     }
     lines = compile_cases(jobs)
     assert lines[0].startswith("failed softmax float32 [-1, 8]: ") and lines[1] == "ok softmax float32 [2, 8]"
+
+
+def test_a_worker_out_of_time_is_stopped_and_its_cases_left_to_the_run() -> None:
+    """A worker still running at the time limit is killed, and its cases are counted as not answered."""
+    spec = bench.spec_for("softmax")
+    done = precompile([(spec, [("float32", bench.Case((3, 16)))])], torch.device("cpu"), backward=False, timeout_s=0)
+    assert (done.jobs, done.compiled, done.failed) == (1, 0, 0)
+    assert str(done).endswith(", 1 not answered")
 
 
 def test_precompile_workers_are_checked_and_the_cli_default_is_the_modules(tmp_path: Path) -> None:

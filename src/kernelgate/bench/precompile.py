@@ -41,15 +41,17 @@ TIMEOUT_S = 300.0
 
 
 class Precompiled:
-    """What :func:`precompile` did: ``seconds`` spent, ``jobs`` given out, ``failed`` jobs (the run
-    compiles those itself and reports any failure in its rows)."""
+    """What :func:`precompile` did: ``seconds`` spent, ``jobs`` given out, how many were ``compiled``
+    and how many ``failed`` (the run compiles whatever is missing itself, and reports any failure in
+    its rows; a worker that died or ran out of time answers for none of its jobs)."""
 
-    def __init__(self, seconds: float, jobs: int, failed: int) -> None:
-        self.seconds, self.jobs, self.failed = seconds, jobs, failed
+    def __init__(self, seconds: float, jobs: int, compiled: int, failed: int) -> None:
+        self.seconds, self.jobs, self.compiled, self.failed = seconds, jobs, compiled, failed
 
     def __str__(self) -> str:
-        failed = f", {self.failed} failed" if self.failed else ""
-        return f"torch.compile of {self.jobs} case(s) ahead in {self.seconds:.0f} s{failed}"
+        missing = self.jobs - self.compiled - self.failed
+        tail = "".join(f", {n} {what}" for n, what in ((self.failed, "failed"), (missing, "not answered")) if n)
+        return f"torch.compile ahead: {self.compiled} of {self.jobs} case(s) compiled in {self.seconds:.0f} s{tail}"
 
 
 def precompile(
@@ -71,7 +73,7 @@ def precompile(
     cases = [(spec.op, dtype, list(case.shape)) for spec, op_cases in plan for dtype, case in op_cases]
     start = time.perf_counter()
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-    failed = 0
+    compiled = failed = 0
     with contextlib.ExitStack() as files:
         running = []
         for index in range(min(workers, len(cases))):
@@ -96,8 +98,10 @@ def precompile(
                 proc.kill()
                 proc.wait()
             replies.seek(0)
-            failed += sum(1 for line in replies if line.startswith("failed"))
-    return Precompiled(time.perf_counter() - start, len(cases), failed)
+            for line in replies:
+                compiled += line.startswith("ok ")
+                failed += line.startswith("failed ")
+    return Precompiled(time.perf_counter() - start, len(cases), compiled, failed)
 
 
 def compile_cases(jobs: dict[str, Any]) -> list[str]:

@@ -321,17 +321,24 @@ class _Kernel:
         return launch
 
 
-def test_a_launch_seen_before_calls_the_compiled_launcher_directly(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first launch of a specialisation goes through Triton; the next ones call its launcher with the grid, the
-    stream and every argument in order (positional ones, then compile-time values and defaults). A new
-    specialisation (here an unaligned pointer) or an active launch hook goes through Triton again."""
+@pytest.fixture
+def as_if_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch_compiled as on a CUDA device (device 0, stream 1234), with no launch cached yet, taking the stand-in
+    kernel below for a plain JITFunction."""
     pytest.importorskip("triton")
-    as_if_cuda = dataclasses.replace(backend.status(), target="cuda")
-    monkeypatch.setattr(backend, "status", lambda: as_if_cuda)
+    status = dataclasses.replace(backend.status(), target="cuda")
+    monkeypatch.setattr(backend, "status", lambda: status)
     monkeypatch.setattr(backend, "_current_device", lambda: 0)
     monkeypatch.setattr(backend, "_current_stream", lambda device: 1234)
     monkeypatch.setattr(backend, "_fast_launches", {})
-    monkeypatch.setattr(backend, "_launches_directly", lambda kernel: True)  # the stand-in below, as a JITFunction
+    monkeypatch.setattr(backend, "_launches_directly", lambda kernel: True)
+
+
+@pytest.mark.usefixtures("as_if_cuda")
+def test_a_launch_seen_before_calls_the_compiled_launcher_directly() -> None:
+    """The first launch of a specialisation goes through Triton; the next ones call its launcher with the grid, the
+    stream and every argument in order (positional ones, then compile-time values and defaults). A new
+    specialisation (here an unaligned pointer) or an active launch hook goes through Triton again."""
     kernel = _Kernel()
     x = torch.zeros(64)
     for _ in range(3):
@@ -361,16 +368,10 @@ def test_a_launch_seen_before_calls_the_compiled_launcher_directly(monkeypatch: 
     assert len(kernel.through_triton) == 5 and len(kernel.direct) == 3, "fast_launch off: Triton's path always"
 
 
-def test_a_compile_time_parameter_passed_by_position_is_keyed_by_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("as_if_cuda")
+def test_a_compile_time_parameter_passed_by_position_is_keyed_by_its_value() -> None:
     """Triton compiles for each value of a constexpr, so a launch passing one by position (BLOCK here) is keyed by
     its exact value: 4096 after 8192 (the same divisibility) goes through Triton again, not to the 8192 kernel."""
-    pytest.importorskip("triton")
-    as_if_cuda = dataclasses.replace(backend.status(), target="cuda")
-    monkeypatch.setattr(backend, "status", lambda: as_if_cuda)
-    monkeypatch.setattr(backend, "_current_device", lambda: 0)
-    monkeypatch.setattr(backend, "_current_stream", lambda device: 1234)
-    monkeypatch.setattr(backend, "_fast_launches", {})
-    monkeypatch.setattr(backend, "_launches_directly", lambda kernel: True)  # the stand-in below, as a JITFunction
     kernel = _Kernel()
     kernel.constexprs = [2]  # type: ignore[attr-defined]  # BLOCK, as Triton lists a JITFunction's
     x = torch.zeros(64)

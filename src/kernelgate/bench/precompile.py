@@ -5,7 +5,7 @@ at ac8287c that was 302 of the default suite's 727 s on the H200, one compile af
 worker processes compile the same references on inputs of the same shapes, dtypes and strides before
 any measurement starts (the GPU then has nothing to measure, so their own launches disturb nothing),
 and the run's first calls find the graphs in inductor's on-disk caches (FX graph, AOT autograd,
-Triton kernels and their autotuning) instead of compiling them. The run's own ``torch.compile`` is
+Triton kernels) instead of compiling them. The run's own ``torch.compile`` is
 unchanged: same configuration, same graphs, its first call still made (and recorded) by the run.
 
 Workers compile in-process (``TORCHINDUCTOR_COMPILE_THREADS=1``, a setting the caches' keys ignore)

@@ -743,7 +743,8 @@ def run(
         compile_note = ""
         if compile and precompile_workers and device.type == "cuda" and compile_backend == "inductor" and plan:
             ahead = precompile(plan, device, backward=backward, workers=precompile_workers)
-            compile_note = f"; graphs compiled ahead by {precompile_workers} worker processes"
+            if ahead.compiled:
+                compile_note = f"; {ahead.compiled} of {ahead.jobs} cases' graphs compiled ahead by worker processes"
             if console is not None:
                 console.print(f"{ahead} ({precompile_workers} worker processes)")
         runner = _Runner(

@@ -293,7 +293,7 @@ def _triton_impl(
 
     # As under eager autograd: where the Backward names a forward that also returns statistics for
     # the backward, the same implementation and configuration of that forward runs.
-    stats_op = declared.forward
+    stats_op = declared.forward_op(args)
     twin = next((i for i in stats_op.implementations if i.name == impl.name), None) if stats_op else None
     if twin is not None and stats_op is not None:
         forward_with_extras = _direct_launch(twin, config, interpret)
@@ -308,7 +308,7 @@ def _triton_impl(
             if twin is None:
                 return declared.grads(declared.save(args, launch(*args)), grad)
             y, *extras = forward_with_extras(*args)
-            return declared.grads((*declared.save(args, y), *extras), grad)
+            return declared.grads((*declared.save(args, y), *declared.kept(args, tuple(extras))), grad)
 
         return step
 

@@ -1,5 +1,7 @@
-"""cross_entropy: declarations, launchers and the ops ``kernelgate.cross_entropy``, ``cross_entropy_with_stats``
-(the loss and each row's statistics, the forward under autograd) and ``cross_entropy_backward``.
+"""cross_entropy: declarations, launchers and the ops ``kernelgate.cross_entropy``, ``cross_entropy_with_grad`` (the
+loss and its gradient for an incoming gradient of 1: the forward of "mean" and "sum" under autograd) with its
+backward ``cross_entropy_backward_into``, ``cross_entropy_with_stats`` (the loss and each row's statistics: the
+forward of "none" under autograd) and ``cross_entropy_backward``.
 
 ``cross_entropy(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean")``
 is :func:`torch.nn.functional.cross_entropy` for ``(N, C)`` (or ``(C,)``) logits and int64 class
@@ -11,20 +13,36 @@ Memory traffic, for ``N x C`` logits of ``b`` bytes each:
 - forward: reads the logits once (``N*C*b``; rows whose target is ignored are not read) and writes
   ``N`` losses; with smoothing and ``weight`` it also reads the weights per row, from L2. ``"mean"``
   and ``"sum"`` add one program summing ``N`` float32 losses (and target weights).
-- backward: writes ``N*C*b``. A row of up to 16384 classes is read once (held in registers). A
-  longer row is read once too when the backward gets the forward's row statistics (``stats``: each
-  row's maximum and log-sum, 8 bytes a row), as under eager autograd, where the forward runs as
-  ``cross_entropy_with_stats``; without them (a traced call, or a direct call without ``stats``) it
-  is read twice, once for its log-sum-exp and once to write the gradient. The second read of a row
-  of 32000 bf16 (64 KB) mostly hits L2; rows of 128K-256K classes mostly do not, so that backward
-  moves about ``3*N*C*b`` instead of ``2*N*C*b``. Ignored rows, which the forward does not read, are
-  always read twice.
+- forward+backward of ``"mean"`` and ``"sum"`` under eager autograd: the forward runs as
+  ``cross_entropy_with_grad``, whose program per row reads the row (ignored rows too, whose gradient
+  is 0, or NaN where torch's is) and writes its loss and its gradient for an incoming gradient of 1:
+  ``2*N*C*b`` in all for rows of up to 16384 classes, held in registers. A longer row is read twice,
+  once for its loss, maximum and log-sum and once to write the gradient: the second read of a row of
+  32000 bf16 (64 KB) mostly hits L2; rows of 128K-256K classes mostly do not (about ``3*N*C*b``).
+  ``"mean"`` first runs one program summing the ``N`` target weights, the gradient's divisor. The
+  backward (``cross_entropy_backward_into``) is one launch (two for ``"mean"``) whose programs read
+  the incoming gradient and return at once where it is 1, as for ``loss.backward()``: no pass over
+  memory. For another incoming gradient it computes the gradient again from the logits into the same
+  buffer, as the backward below does: that reads as much as scaling the saved gradient would, and
+  rounds a float16 or bfloat16 gradient once instead of twice. A second backward of the same graph
+  (``retain_graph=True``), a differentiated one (``create_graph=True``) and a traced call run the
+  backward below.
+- backward (of ``"none"``, and the cases just named): writes ``N*C*b``. A row of up to 16384 classes
+  is read once (held in registers). A longer row is read once too when the backward gets the
+  forward's row statistics (``stats``: each row's maximum and log-sum, 8 bytes a row), as under eager
+  autograd of ``"none"``, where the forward runs as ``cross_entropy_with_stats``; without them (a
+  traced call, or a direct call without ``stats``) it is read twice, once for its log-sum-exp and
+  once to write the gradient, so that backward moves about ``3*N*C*b`` instead of ``2*N*C*b`` for
+  rows of 128K-256K classes. Ignored rows, which the forward does not read, are always read twice.
 
 Extra memory: ``N`` float32 per-row losses for ``"sum"``, and ``N`` more target weights for ``"mean"``;
-``2*N`` float32 statistics kept for the backward under autograd; one float32 in the backward of
-``"mean"``; no float32 copy of the logits, no softmax buffer. The loss
-and the gradient of ``"mean"`` divide by a sum the device computes, and the backward reads the
-incoming gradient on the device: nothing synchronises.
+under eager autograd of ``"mean"`` and ``"sum"`` the gradient (``N*C*b``, the logits' dtype) is
+allocated in the forward and held until the backward hands it to autograd (the peak of a
+forward+backward step is the same, but the gradient lives from the forward on instead of from the
+backward on); under eager autograd of ``"none"``, ``2*N`` float32 statistics; one float32 in the
+backward of ``"mean"``; no float32 copy of the logits, no softmax buffer. The loss and the gradient
+of ``"mean"`` divide by a sum the device computes, and the backward reads the incoming gradient on
+the device: nothing synchronises.
 
 A target outside ``[0, C)`` that is not ``ignore_index`` gives a NaN loss row and gradient row on the
 Triton path (no kernel reads out of bounds, no device assert), and on the reference path for GPU

@@ -884,6 +884,37 @@ def test_eager_autograd_computes_the_gradient_in_the_forward(
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_the_forward_follows_the_incoming_gradient_last_seen(
+    target: torch.device, tmp_path: Path, reduction: str
+) -> None:
+    """After a backward whose incoming gradient was not 1 (a loss divided for gradient accumulation), the next forward
+    keeps row statistics instead of computing the gradient, which that backward would compute again; after one of 1
+    it computes the gradient again. The gradients are torch's throughout."""
+    log = tmp_path / "log.csv"
+    kernelgate.configure(log_path=log)
+    logits = _logits((6, 129), torch.float32, target).requires_grad_()
+    labels = _target(6, 129, target, ignored=(1,))
+    runs = []
+    for scale in (0.25, 0.25, 1.0, 1.0):
+        seen = len(_eager_rows(log)) if log.exists() else 0
+        loss = cross_entropy(logits, labels, None, IGNORE, 0.1, reduction)
+        (dx,) = torch.autograd.grad(loss * scale if scale != 1.0 else loss, logits)
+        expected = torch.autograd.grad(
+            F.cross_entropy(logits, labels, ignore_index=IGNORE, label_smoothing=0.1, reduction=reduction) * scale,
+            logits,
+        )[0]
+        assert_close(
+            dx, expected, reduction_length=cross_entropy.reduction_length(logits, labels, None, IGNORE, 0.1, reduction)
+        )
+        if target.type == "cuda":
+            torch.cuda.synchronize(target)  # the observation is read only once the device has copied it
+        runs.append({op for op, _ in _eager_rows(log)[seen:]})
+    fused = {"cross_entropy_with_grad", "cross_entropy_backward_into"}
+    with_stats = {"cross_entropy_with_stats", "cross_entropy_backward"}
+    assert runs == [fused, with_stats, with_stats, fused]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("n_classes", [129, 20000], ids=["single_block", "looped"])
 def test_backward_into_writes_nothing_for_a_unit_gradient(target: torch.device, reduction: str, n_classes: int) -> None:
     """cross_entropy_backward_into leaves dlogits alone where the incoming gradient is 1 (it already is the gradient),

@@ -50,8 +50,8 @@ class Backward:
             the op itself). Eager autograd then runs it instead of the op, and appends those tensors
             to what ``save`` returns. A traced call (the PyTorch operator) runs the op itself and
             appends nothing, so ``grads`` must also work without them.
-        keep: optionally, ``keep(inputs, extras) -> tuple``: what is appended in place of the
-            forward's extra tensors. A value that is not a tensor is kept as it is, outside
+        keep: optionally, ``keep(inputs, extras, forward) -> tuple``: what is appended in place of
+            the extra tensors that the op ``forward`` returned. A value that is not a tensor is kept as it is, outside
             autograd's saved tensors (no version-counter check, no saved-tensor hooks): for a tensor
             the backward consumes or modifies in place.
     """
@@ -59,7 +59,7 @@ class Backward:
     save: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
     grads: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
     forward: Op | Callable[[tuple[Any, ...]], Op | None] | None = None
-    keep: Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]] | None = None
+    keep: Callable[[tuple[Any, ...], tuple[Any, ...], Op], tuple[Any, ...]] | None = None
 
     def forward_op(self, inputs: tuple[Any, ...]) -> Op | None:
         """The op eager autograd runs as the forward of ``inputs`` (``None``: the op itself)."""
@@ -68,9 +68,9 @@ class Backward:
         forward = self.forward
         return forward if forward is None or isinstance(forward, Op) else forward(inputs)
 
-    def kept(self, inputs: tuple[Any, ...], extras: tuple[Any, ...]) -> tuple[Any, ...]:
-        """What the backward receives after the saved values, for the forward's extra outputs ``extras``."""
-        return extras if self.keep is None else tuple(self.keep(inputs, extras))
+    def kept(self, inputs: tuple[Any, ...], extras: tuple[Any, ...], forward: Op) -> tuple[Any, ...]:
+        """What the backward receives after the saved values, for the extra outputs ``extras`` of ``forward``."""
+        return extras if self.keep is None else tuple(self.keep(inputs, extras, forward))
 
 
 def schema(op_name: str, specs: Sequence[ArgSpec], returns: str, mutates: Sequence[str]) -> str:
@@ -156,7 +156,7 @@ def autograd_function(op: Op) -> Any:
             _setup(op, ctx, args, output)
         else:
             output, *extras = with_extras._call_untraced(args)
-            _setup(op, ctx, args, output, declared.kept(args, tuple(extras)))
+            _setup(op, ctx, args, output, declared.kept(args, tuple(extras), with_extras))
         if op.backward is not None:
             # A forward planned to the reference whose backward is not yet known to be: the backward
             # records it, and from then on such calls run eager autograd (Op._reference_route).

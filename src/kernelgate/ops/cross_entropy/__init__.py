@@ -510,17 +510,61 @@ cross_entropy_backward_into = Op(
 )
 
 
-def _fuses_gradient(inputs: tuple[Any, ...]) -> bool:
-    """Whether eager autograd computes the gradient in the forward: for a reduced (scalar) loss.
+class _IncomingGradient:
+    """Whether the latest backward of a reduced cross_entropy got an incoming gradient of exactly 1,
+    as ``loss.backward()`` gives, observed without waiting for the device.
 
-    Under eager autograd the logits are the only input that can require grad (a weight that does is
-    refused by _save), so the reduction alone decides.
+    The backward copies the incoming gradient to pinned host memory behind an event; a later forward
+    reads it once the event has passed, never blocking (until then it keeps the earlier answer). A
+    gradient of 1 makes computing the gradient in the forward pay: one read of the logits and one
+    write of the gradient in all. Another (a loss divided for gradient accumulation, a scaled loss)
+    would have the backward compute it again, so the forward then keeps row statistics instead. The
+    answer steers speed only: both forwards give the same numbers.
     """
-    return bool(inputs[5] != "none")
+
+    def __init__(self) -> None:
+        self.unit = True  # before any backward: the common case
+        self._pending: tuple[Any, torch.Tensor] | None = None  # (event or None, the value on the host)
+
+    def expected(self) -> bool:
+        pending = self._pending
+        if pending is not None and (pending[0] is None or pending[0].query()):
+            self.unit = bool(pending[1].item() == 1)  # a host tensor: no synchronisation
+            self._pending = None
+        return self.unit
+
+    def observe(self, grad: torch.Tensor) -> None:
+        if self._pending is not None:  # one copy in flight at a time, so a buffer is never overwritten
+            return
+        if grad.device.type != "cuda":
+            self._pending = (None, grad.detach().to("cpu", copy=True))
+            return
+        host = torch.empty((), dtype=grad.dtype, pin_memory=True)
+        host.copy_(grad.detach(), non_blocking=True)
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        self._pending = (event, host)
+
+
+_incoming_gradient = _IncomingGradient()
+
+
+def reset_incoming_gradient() -> None:
+    """Forget the observed incoming gradients (a fresh process's state): for tests."""
+    global _incoming_gradient
+    _incoming_gradient = _IncomingGradient()
 
 
 def _forward_op(inputs: tuple[Any, ...]) -> Op:
-    return cross_entropy_with_grad if _fuses_gradient(inputs) else cross_entropy_with_stats
+    """The forward eager autograd runs: with the gradient for a reduced (scalar) loss whose backward is
+    expected to get 1, else with the row statistics.
+
+    Under eager autograd the logits are the only input that can require grad (a weight that does is
+    refused by _save), so the reduction and the incoming gradient alone decide.
+    """
+    if inputs[5] != "none" and _incoming_gradient.expected():
+        return cross_entropy_with_grad
+    return cross_entropy_with_stats
 
 
 class _SavedGradient:
@@ -544,8 +588,8 @@ class _SavedGradient:
         return dlogits
 
 
-def _keep(inputs: tuple[Any, ...], extras: tuple[Any, ...]) -> tuple[Any, ...]:
-    return (_SavedGradient(extras[0]),) if _fuses_gradient(inputs) else extras
+def _keep(inputs: tuple[Any, ...], extras: tuple[Any, ...], forward: Op) -> tuple[Any, ...]:
+    return (_SavedGradient(extras[0]),) if forward is cross_entropy_with_grad else extras
 
 
 def _save(inputs: tuple[Any, ...], loss: torch.Tensor) -> tuple[Any, ...]:
@@ -565,6 +609,8 @@ def _grads(saved: tuple[Any, ...], grad: torch.Tensor) -> tuple[Any, ...]:
     # from the logits; so does any backward after the first, which finds the gradient taken.
     extra = saved[6] if len(saved) > 6 else None
     differentiated = torch.is_grad_enabled()
+    if saved[5] != "none" and not differentiated:
+        _incoming_gradient.observe(grad)
     if isinstance(extra, _SavedGradient):
         dlogits = extra.take()
         if dlogits is not None and not differentiated:

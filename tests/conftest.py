@@ -10,6 +10,7 @@ import torch
 import kernelgate
 from kernelgate import backend
 from kernelgate.op import clear_memos
+from kernelgate.ops.cross_entropy import reset_incoming_gradient
 
 
 def gpu_available() -> bool:
@@ -33,6 +34,7 @@ def clean_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     kernelgate.reload_settings({"KERNELGATE_CACHE_DIR": str(cache)})
     kernelgate.reset_fallbacks()
     clear_memos()
+    reset_incoming_gradient()
     yield
     kernelgate.reload_settings({"KERNELGATE_CACHE_DIR": str(cache)})
     kernelgate.reset_fallbacks()

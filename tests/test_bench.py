@@ -697,9 +697,9 @@ def test_first_calls_of_several_ops_add_up_in_an_all_ops_row(interpreted: list[b
     assert "| all ops |" not in only_one
 
 
-def test_cross_entropy_kernels_forward_backward_use_the_forward_with_stats(tmp_path: Path) -> None:
-    """A triton:<name> forward+backward row of cross_entropy runs that implementation of cross_entropy_with_stats
-    and hands its row statistics to the backward, as eager autograd does; the row says so."""
+def test_cross_entropy_kernels_forward_backward_use_the_forward_with_grad(tmp_path: Path) -> None:
+    """A triton:<name> forward+backward row of cross_entropy ("mean") runs that implementation of
+    cross_entropy_with_grad and hands its gradient to the backward, as eager autograd does; the row says so."""
     kernelgate.reload_settings({"KERNELGATE_CACHE_DIR": str(tmp_path / "cache")})
     suite = bench.Suite(("float32",), {"cross_entropy": (bench.ShapeGroup(shapes=((3, 20000),)),)})
     rows = bench.run(
@@ -707,4 +707,4 @@ def test_cross_entropy_kernels_forward_backward_use_the_forward_with_stats(tmp_p
     )
     direct = [r for r in rows if r.impl.startswith("triton:") and r.direction == "forward+backward"]
     assert direct and all(r.status == "ok" for r in direct), [(r.impl, r.status, r.note) for r in direct]
-    assert all("its forward as cross_entropy_with_stats" in r.note for r in direct)
+    assert all("its forward as cross_entropy_with_grad" in r.note for r in direct)

@@ -3,16 +3,25 @@ rows, extreme and non-finite logits, layouts, errors, gradients, configurations,
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kernelgate
-from every_config import check_every_config
+from every_config import check_every_config, distinct_configs
 from kernelgate.errors import InputTypeError, InputValueError
-from kernelgate.ops.cross_entropy import cross_entropy, cross_entropy_backward, cross_entropy_with_stats
+from kernelgate.ops.cross_entropy import (
+    cross_entropy,
+    cross_entropy_backward,
+    cross_entropy_backward_into,
+    cross_entropy_with_grad,
+    cross_entropy_with_stats,
+)
+from kernelgate.selection import compare, run_candidate
 from kernelgate.tolerance import assert_close, assert_no_worse
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -291,8 +300,13 @@ def test_empty_batch(reduction: str) -> None:
         (dx,) = torch.autograd.grad(loss.sum(), logits)
     assert_close(loss.detach(), F.cross_entropy(logits, labels, label_smoothing=0.1, reduction=reduction).detach())
     assert dx.shape == (0, 11)
-    # Under autograd the forward runs as cross_entropy_with_stats (it keeps row statistics for the backward).
-    assert {r.op for r in kernelgate.fallbacks()} == {"cross_entropy_with_stats", "cross_entropy_backward"}
+    # Under autograd the forward of "none" runs as cross_entropy_with_stats (it keeps row statistics for the
+    # backward), that of "mean" and "sum" as cross_entropy_with_grad (the backward scales its gradient).
+    if reduction == "none":
+        expected = {"cross_entropy_with_stats", "cross_entropy_backward"}
+    else:
+        expected = {"cross_entropy_with_grad", "cross_entropy_backward_into"}
+    assert {r.op for r in kernelgate.fallbacks()} == expected
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -525,19 +539,25 @@ def test_op_passes_float64_gradcheck_and_gradgradcheck() -> None:
     assert torch.autograd.gradgradcheck(lambda x: cross_entropy(x, labels, None, IGNORE, 0.1, "sum"), (logits,))
 
 
-def test_saved_tensors_are_the_inputs_and_the_row_stats_only() -> None:
-    """The forward saves its inputs (logits, target, weight) and each row's (max, log-sum) in float32: no
-    softmax, no float32 copy of the logits."""
+def _saved_by_autograd(*args: object) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """cross_entropy(*args) under autograd, and the tensors it saves through autograd's saved-tensor hooks."""
     saved: list[torch.Tensor] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         saved.append(t)
         return t
 
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = cross_entropy(*args)
+    return loss, saved
+
+
+def test_saved_tensors_are_the_inputs_and_the_row_stats_only() -> None:
+    """The forward of "none" saves its inputs (logits, target, weight) and each row's (max, log-sum) in float32: no
+    softmax, no float32 copy of the logits."""
     logits = torch.randn(4, 9, requires_grad=True)
     labels, weight = torch.tensor([1, 2, 3, 4]), torch.rand(9)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        cross_entropy(logits, labels, weight, IGNORE, 0.1, "mean")
+    _, saved = _saved_by_autograd(logits, labels, weight, IGNORE, 0.1, "none")
     inputs = sorted(t.data_ptr() for t in (logits, labels, weight))
     assert sorted(t.data_ptr() for t in saved[:3]) == inputs
     [stats] = saved[3:]
@@ -585,6 +605,11 @@ def test_opcheck(make: Callable[[], tuple[object, ...]], interpret: bool) -> Non
         backward = torch.ops.kernelgate.cross_entropy_backward.default
         torch.library.opcheck(backward, (grad, *plain, None))
         torch.library.opcheck(backward, (grad, *plain, stats))
+        torch.library.opcheck(torch.ops.kernelgate.cross_entropy_with_grad.default, full)
+        if full[5] != "none":
+            _, dlogits = cross_entropy_with_grad(*plain)
+            into = torch.ops.kernelgate.cross_entropy_backward_into.default
+            torch.library.opcheck(into, (torch.tensor(0.5), *plain, dlogits))
 
 
 CONFIG_CASES = [
@@ -598,7 +623,14 @@ CONFIG_CASES = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("shape", "weighted", "label_smoothing", "reduction"), CONFIG_CASES)
 @pytest.mark.parametrize(
-    "op_name", ["cross_entropy", "cross_entropy_with_stats", "cross_entropy_backward", "backward_with_stats"]
+    "op_name",
+    [
+        "cross_entropy",
+        "cross_entropy_with_stats",
+        "cross_entropy_with_grad",
+        "cross_entropy_backward",
+        "backward_with_stats",
+    ],
 )
 def test_every_config_matches_the_reference(
     target: torch.device,
@@ -616,8 +648,10 @@ def test_every_config_matches_the_reference(
         logits, _target(*shape, target), _weight(shape[1], target) if weighted else None, IGNORE, label_smoothing,
         reduction,
     )  # fmt: skip
-    if op_name in ("cross_entropy", "cross_entropy_with_stats"):
-        op = cross_entropy if op_name == "cross_entropy" else cross_entropy_with_stats
+    if op_name in ("cross_entropy", "cross_entropy_with_stats", "cross_entropy_with_grad"):
+        op = {"cross_entropy": cross_entropy, "cross_entropy_with_stats": cross_entropy_with_stats}.get(
+            op_name, cross_entropy_with_grad
+        )
         check_every_config(op, args, target.type == "cpu")
         return
     grad_shape = shape[:1] if reduction == "none" else ()
@@ -647,8 +681,8 @@ def test_backward_with_stats_reads_ignored_rows_itself() -> None:
 
 
 def test_eager_autograd_runs_the_forward_with_stats_and_the_backward_uses_them() -> None:
-    """kernelgate.cross_entropy under eager autograd computes its loss with cross_entropy_with_stats, and the
-    backward receives those statistics; the gradient is torch's."""
+    """kernelgate.cross_entropy of "none" under eager autograd computes its loss with cross_entropy_with_stats, and
+    the backward receives those statistics; the gradient is torch's."""
     kernelgate.configure(tune=False)
     seen: list[torch.Tensor | None] = []
     backward = cross_entropy_backward.reference
@@ -664,14 +698,14 @@ def test_eager_autograd_runs_the_forward_with_stats_and_the_backward_uses_them()
         original = cross_entropy_backward.reference
         object.__setattr__(cross_entropy_backward, "reference", spy)
         try:
-            (dx,) = torch.autograd.grad(cross_entropy(logits, labels), logits)
+            (dx,) = torch.autograd.grad(cross_entropy(logits, labels, reduction="none").sum(), logits)
         finally:
             object.__setattr__(cross_entropy_backward, "reference", original)
     [stats] = seen
     assert stats is not None and stats.shape == (4, 2)
     assert_close(stats[[0, 2, 3]].sum(-1), torch.logsumexp(logits.detach(), -1)[[0, 2, 3]])
     xr = logits.detach().clone().requires_grad_(True)
-    (expected,) = torch.autograd.grad(F.cross_entropy(xr, labels), xr)
+    (expected,) = torch.autograd.grad(F.cross_entropy(xr, labels, reduction="none").sum(), xr)
     assert_close(dx, expected, reduction_length=54)
 
 
@@ -762,3 +796,246 @@ def test_a_forward_and_backward_planned_to_the_reference_run_eager_autograd_afte
     assert "KernelgateFunction" not in type(second.grad_fn).__name__
     (dx,) = torch.autograd.grad(second, logits)
     assert_close(dx, expected, reduction_length=54)
+
+
+# --- the gradient computed in the forward ("mean" and "sum" under eager autograd) -----------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("with_weight", [False, True])
+@pytest.mark.parametrize("shape", [(7, 33), (3, 20000)], ids=["single_block", "looped"])
+def test_forward_with_grad_matches_the_reference(
+    target: torch.device,
+    shape: tuple[int, int],
+    with_weight: bool,
+    label_smoothing: float,
+    reduction: str,
+    dtype: torch.dtype,
+) -> None:
+    """cross_entropy_with_grad's kernels give the reference's loss and gradient (for an incoming gradient of 1), with
+    ignored rows, weights and smoothing, for rows in one block and rows looped over."""
+    logits = _logits(shape, dtype, target)
+    labels = _target(*shape, target, ignored=(1, 4))
+    weight = _weight(shape[1], target) if with_weight else None
+    args = _args(logits, labels, weight, label_smoothing, reduction)
+    plan = cross_entropy_with_grad.plan(*args)
+    assert (plan.path, plan.name) == (
+        "triton" if target.type == "cuda" else "interpreter",
+        "looped" if shape[1] > 16384 else "single_block",
+    )
+    loss, dx = cross_entropy_with_grad(*args)
+    expected_loss, expected_dx = cross_entropy_with_grad.reference(*args)
+    length = cross_entropy.reduction_length(*args)
+    assert (dx.dtype, dx.shape, dx.is_contiguous()) == (dtype, logits.shape, True)
+    assert_close(loss, expected_loss, reduction_length=length)
+    assert_close(dx, expected_dx, reduction_length=length)
+    assert bool((dx[[1]] == 0).all()), "an ignored row's gradient is 0"
+
+
+def test_forward_with_grad_matches_torch_autograd_in_float64() -> None:
+    """The reference's gradient is torch autograd's of the reference loss, for every reduction (float64)."""
+    logits = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([1, IGNORE, 6, 0])
+    weight = torch.rand(7, dtype=torch.float64) + 0.5
+    for reduction in REDUCTIONS:
+        loss, dx = cross_entropy_with_grad.reference(logits.detach(), labels, weight, IGNORE, 0.2, reduction)
+        expected = cross_entropy.reference(logits, labels, weight, IGNORE, 0.2, reduction)
+        (autograd_dx,) = torch.autograd.grad(expected.sum(), logits)
+        torch.testing.assert_close(loss, expected.detach())
+        torch.testing.assert_close(dx, autograd_dx)
+
+
+def _eager_rows(log: Path) -> list[tuple[str, str]]:
+    return [(r["op"], r["path"]) for r in csv.DictReader(log.open()) if r["path"] != "tune"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("with_weight", [False, True])
+@pytest.mark.parametrize("shape", [(6, 129), (3, 20000)], ids=["single_block", "looped"])
+@pytest.mark.parametrize("scale", [1.0, 3.0, 0.7])
+def test_eager_autograd_computes_the_gradient_in_the_forward(
+    target: torch.device,
+    tmp_path: Path,
+    shape: tuple[int, int],
+    with_weight: bool,
+    reduction: str,
+    dtype: torch.dtype,
+    scale: float,
+) -> None:
+    """Under eager autograd a reduced loss runs cross_entropy_with_grad, and the backward cross_entropy_backward_into;
+    the gradient of loss * scale is no worse than torch's against float64 (label smoothing included)."""
+    kernelgate.configure(log_path=tmp_path / "log.csv")
+    logits = _logits(shape, dtype, target).requires_grad_()
+    labels = _target(*shape, target, ignored=(1,))
+    weight = _weight(shape[1], target, dtype) if with_weight else None
+    loss = cross_entropy(logits, labels, weight, IGNORE, 0.1, reduction)
+    (loss * scale if scale != 1.0 else loss).backward()
+    assert logits.grad is not None and logits.grad.dtype == dtype
+    assert bool((logits.grad[1] == 0).all())
+    grad = torch.tensor(scale, dtype=dtype, device=target)
+    _assert_no_worse_than_torch(logits.grad, logits, labels, weight, 0.1, reduction, grad)
+    assert {op for op, _ in _eager_rows(tmp_path / "log.csv")} == {
+        "cross_entropy_with_grad",
+        "cross_entropy_backward_into",
+    }
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_the_forward_follows_the_incoming_gradient_last_seen(
+    target: torch.device, tmp_path: Path, reduction: str
+) -> None:
+    """After a backward whose incoming gradient was not 1 (a loss divided for gradient accumulation), the next forward
+    keeps row statistics instead of computing the gradient, which that backward would compute again; after one of 1
+    it computes the gradient again. The gradients are torch's throughout."""
+    log = tmp_path / "log.csv"
+    kernelgate.configure(log_path=log)
+    logits = _logits((6, 129), torch.float32, target).requires_grad_()
+    labels = _target(6, 129, target, ignored=(1,))
+    runs = []
+    for scale in (0.25, 0.25, 1.0, 1.0):
+        seen = len(_eager_rows(log)) if log.exists() else 0
+        loss = cross_entropy(logits, labels, None, IGNORE, 0.1, reduction)
+        (dx,) = torch.autograd.grad(loss * scale if scale != 1.0 else loss, logits)
+        expected = torch.autograd.grad(
+            F.cross_entropy(logits, labels, ignore_index=IGNORE, label_smoothing=0.1, reduction=reduction) * scale,
+            logits,
+        )[0]
+        assert_close(
+            dx, expected, reduction_length=cross_entropy.reduction_length(logits, labels, None, IGNORE, 0.1, reduction)
+        )
+        if target.type == "cuda":
+            torch.cuda.synchronize(target)  # the observation is read only once the device has copied it
+        runs.append({op for op, _ in _eager_rows(log)[seen:]})
+    fused = {"cross_entropy_with_grad", "cross_entropy_backward_into"}
+    with_stats = {"cross_entropy_with_stats", "cross_entropy_backward"}
+    assert runs == [fused, with_stats, with_stats, fused]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("n_classes", [129, 20000], ids=["single_block", "looped"])
+def test_backward_into_writes_nothing_for_a_unit_gradient(target: torch.device, reduction: str, n_classes: int) -> None:
+    """cross_entropy_backward_into leaves dlogits alone where the incoming gradient is 1 (it already is the gradient),
+    and for another gradient overwrites every element with cross_entropy_backward's result."""
+    args = _args(_logits((4, n_classes), torch.float32, target), _target(4, n_classes, target), None, 0.1, reduction)
+    sentinel = torch.full((4, n_classes), 7.0, device=target)
+    dlogits = sentinel.clone()
+    cross_entropy_backward_into(torch.tensor(1.0, device=target), *args, dlogits)
+    assert torch.equal(dlogits, sentinel)
+    grad = torch.tensor(-2.5, device=target)
+    dlogits = torch.full((4, n_classes), float("nan"), device=target)
+    cross_entropy_backward_into(grad, *args, dlogits)
+    expected = cross_entropy_backward.reference(grad, *args)
+    assert_close(dlogits, expected, reduction_length=cross_entropy.reduction_length(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("shape", "weighted", "label_smoothing", "reduction"), [c for c in CONFIG_CASES if c[3] != "none"]
+)
+def test_every_config_of_backward_into_matches_the_reference(
+    target: torch.device,
+    shape: tuple[int, int],
+    weighted: str | None,
+    label_smoothing: float,
+    reduction: str,
+    dtype: torch.dtype,
+) -> None:
+    """Every configuration of cross_entropy_backward_into writes cross_entropy_backward's gradient into a NaN-filled
+    dlogits for an incoming gradient other than 1."""
+    logits = _logits(shape, dtype, target)
+    args = (
+        logits, _target(*shape, target), _weight(shape[1], target) if weighted else None, IGNORE, label_smoothing,
+        reduction,
+    )  # fmt: skip
+    grad = _logits((), dtype, target, seed=6)
+    expected = cross_entropy_backward.reference(grad, *args)
+    ran = set()
+    for impl in cross_entropy_backward_into.implementations:
+        dlogits = torch.full_like(logits, float("nan"))
+        values = (grad, *args, dlogits)
+        if impl.supports is not None and impl.supports(*values) is not None:
+            continue
+        for config in distinct_configs(impl, values, target.type == "cpu"):
+            dlogits.fill_(float("nan"))
+            run_candidate(impl, config, values, target.type == "cpu", poison=True)
+            assert compare(dlogits, expected, cross_entropy.reduction_length(*args)) is None, (impl.name, config)
+            ran.add(impl.name)
+    assert ran
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("n_classes", [129, 20000], ids=["single_block", "looped"])
+def test_a_second_backward_of_the_graph_recomputes(target: torch.device, reduction: str, n_classes: int) -> None:
+    """With retain_graph=True the first backward uses the forward's gradient and a second one, finding it taken,
+    recomputes it from the logits: both are torch's."""
+    logits = _logits((5, n_classes), torch.float32, target).requires_grad_()
+    labels = _target(5, n_classes, target)
+    loss = cross_entropy(logits, labels, None, IGNORE, 0.1, reduction)
+    (first,) = torch.autograd.grad(loss * 3, logits, retain_graph=True)
+    (second,) = torch.autograd.grad(loss, logits, retain_graph=True)
+    (third,) = torch.autograd.grad(loss * 0.5, logits)
+    xr = logits.detach().clone().requires_grad_()
+    (expected,) = torch.autograd.grad(F.cross_entropy(xr, labels, label_smoothing=0.1, reduction=reduction), xr)
+    length = n_classes + 5
+    assert_close(first, 3 * expected, reduction_length=length)
+    assert_close(second, expected, reduction_length=length)
+    assert_close(third, 0.5 * expected, reduction_length=length)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_create_graph_differentiates_the_gradient(target: torch.device, reduction: str) -> None:
+    """With create_graph=True the backward recomputes the gradient from the logits, with a graph: the gradient and a
+    second derivative through it are torch's."""
+    logits = _logits((5, 40), torch.float32, target).requires_grad_()
+    labels = _target(5, 40, target)
+    direction = _logits((5, 40), torch.float32, target, seed=3)
+    (dx,) = torch.autograd.grad(cross_entropy(logits, labels, None, IGNORE, 0.1, reduction), logits, create_graph=True)
+    (second,) = torch.autograd.grad((dx * direction).sum(), logits)
+    xr = logits.detach().clone().requires_grad_()
+    loss = F.cross_entropy(xr, labels, label_smoothing=0.1, reduction=reduction)
+    (expected,) = torch.autograd.grad(loss, xr, create_graph=True)
+    (expected_second,) = torch.autograd.grad((expected * direction).sum(), xr)
+    assert_close(dx, expected.detach(), reduction_length=45)
+    assert_close(second, expected_second, reduction_length=45)
+
+
+def test_the_forward_gradient_is_kept_outside_the_saved_tensors() -> None:
+    """For a reduced loss the forward saves its inputs through autograd (version counters checked) and keeps its
+    gradient beside them: saved-tensor hooks see the inputs only."""
+    logits = torch.randn(4, 9, requires_grad=True)
+    labels, weight = torch.tensor([1, 2, 3, 4]), torch.rand(9)
+    loss, saved = _saved_by_autograd(logits, labels, weight, IGNORE, 0.1, "mean")
+    assert sorted(t.data_ptr() for t in saved) == sorted(t.data_ptr() for t in (logits, labels, weight))
+    loss.backward()
+    xr = logits.detach().clone().requires_grad_()
+    F.cross_entropy(xr, labels, weight, label_smoothing=0.1).backward()
+    assert_close(logits.grad, xr.grad, reduction_length=13)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("n_classes", [32000, 128256])
+def test_eager_autograd_does_not_synchronise(reduction: str, n_classes: int) -> None:
+    """Forward and backward of a reduced loss, for an incoming gradient of 1 and of 3, never wait for the GPU."""
+    kernelgate.configure(tune=False)
+    device = torch.device("cuda")
+    logits = _logits((64, n_classes), torch.bfloat16, device).requires_grad_()
+    labels = _target(64, n_classes, device, ignored=(1, 5))
+    with kernelgate.use_mode("triton"):
+        cross_entropy(logits, labels, None, IGNORE, 0.0, reduction).backward()  # compiles and plans first
+        (cross_entropy(logits, labels, None, IGNORE, 0.0, reduction) * 3).backward()
+        logits.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            cross_entropy(logits, labels, None, IGNORE, 0.0, reduction).backward()
+            (cross_entropy(logits, labels, None, IGNORE, 0.0, reduction) * 3).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    xr = logits.detach().float().requires_grad_()
+    (F.cross_entropy(xr, labels, reduction=reduction) * 4).backward()
+    assert logits.grad is not None and xr.grad is not None
+    assert_close(logits.grad.float(), xr.grad, reduction_length=n_classes + 64)

@@ -46,14 +46,31 @@ class Backward:
             (a backward op with its own reference, kernels, gate and tuning).
         forward: optionally, an op with the same arguments that returns this op's output followed
             by tensors the backward can reuse (statistics a kernel computes anyway, such as a row's
-            log-sum-exp). Eager autograd then runs it instead of the op, and appends those tensors
+            log-sum-exp), or ``forward(inputs) -> Op | None`` choosing such an op per call (``None``:
+            the op itself). Eager autograd then runs it instead of the op, and appends those tensors
             to what ``save`` returns. A traced call (the PyTorch operator) runs the op itself and
             appends nothing, so ``grads`` must also work without them.
+        keep: optionally, ``keep(inputs, extras, forward) -> tuple``: what is appended in place of
+            the extra tensors that the op ``forward`` returned. A value that is not a tensor is kept as it is, outside
+            autograd's saved tensors (no version-counter check, no saved-tensor hooks): for a tensor
+            the backward consumes or modifies in place.
     """
 
     save: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
     grads: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
-    forward: Op | None = None
+    forward: Op | Callable[[tuple[Any, ...]], Op | None] | None = None
+    keep: Callable[[tuple[Any, ...], tuple[Any, ...], Op], tuple[Any, ...]] | None = None
+
+    def forward_op(self, inputs: tuple[Any, ...]) -> Op | None:
+        """The op eager autograd runs as the forward of ``inputs`` (``None``: the op itself)."""
+        from kernelgate.op import Op
+
+        forward = self.forward
+        return forward if forward is None or isinstance(forward, Op) else forward(inputs)
+
+    def kept(self, inputs: tuple[Any, ...], extras: tuple[Any, ...], forward: Op) -> tuple[Any, ...]:
+        """What the backward receives after the saved values, for the extra outputs ``extras`` of ``forward``."""
+        return extras if self.keep is None else tuple(self.keep(inputs, extras, forward))
 
 
 def schema(op_name: str, specs: Sequence[ArgSpec], returns: str, mutates: Sequence[str]) -> str:
@@ -87,20 +104,25 @@ def register(op: Op, returns: str) -> Any:
     if op.name not in _defined:
         _library.define(op.name + schema(op.name, op.args, returns, op.mutates))  # type: ignore[no-untyped-call]
         _defined.add(op.name)
+        # An op declared to return nothing (one that writes in place) may still return what it wrote,
+        # so that the gate compares it; the operator returns nothing, as its schema says.
+        returns_nothing = returns == "()"
 
         def run(*args: Any) -> Any:
             from kernelgate.op import inside_torch_op, lookup
 
             saved, inside_torch_op.active = inside_torch_op.active, True
             try:
-                return lookup(op.name)._call_untraced(args)
+                result = lookup(op.name)._call_untraced(args)
             finally:
                 inside_torch_op.active = saved
+            return None if returns_nothing else result
 
         def fake(*args: Any) -> Any:
             from kernelgate.op import lookup
 
-            return lookup(op.name).reference(*args)
+            result = lookup(op.name).reference(*args)
+            return None if returns_nothing else result
 
         def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
             from kernelgate.op import lookup
@@ -114,7 +136,8 @@ def register(op: Op, returns: str) -> Any:
 
         torch.library.impl(qualname, "CompositeExplicitAutograd", run, lib=_library)
         torch.library.register_fake(qualname, fake, lib=_library)
-        torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=_library)
+        if not op.mutates:  # torch registers autograd formulas for functional schemas only
+            torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=_library)
     return getattr(torch.ops.kernelgate, op.name).default
 
 
@@ -126,13 +149,14 @@ def autograd_function(op: Op) -> Any:
     """
 
     def forward(ctx: Any, *args: Any) -> Any:
-        with_extras = op.backward.forward if op.backward is not None else None
-        if with_extras is None:
+        declared = op.backward
+        with_extras = declared.forward_op(args) if declared is not None else None
+        if declared is None or with_extras is None:
             output = op._call_untraced(args)
             _setup(op, ctx, args, output)
         else:
             output, *extras = with_extras._call_untraced(args)
-            _setup(op, ctx, args, output, tuple(extras))
+            _setup(op, ctx, args, output, declared.kept(args, tuple(extras), with_extras))
         if op.backward is not None:
             # A forward planned to the reference whose backward is not yet known to be: the backward
             # records it, and from then on such calls run eager autograd (Op._reference_route).

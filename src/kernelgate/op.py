@@ -633,7 +633,7 @@ class Op:
         if current.log_path is not None:
             return None
         # The op the Function's forward runs: this one, or the Backward's forward with statistics.
-        forward = self.backward.forward if self.backward is not None and self.backward.forward is not None else self
+        forward = (self.backward.forward_op(values) if self.backward is not None else None) or self
         mode = effective_mode(forward.name, forward.mode, current.mode)
         if mode not in ("auto", "reference"):
             return None

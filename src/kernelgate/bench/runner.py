@@ -5,7 +5,8 @@ For each (op, dtype, shape) the implementations are ``eager`` (the op's referenc
 (the op in mode ``auto`` after its bucket is tuned: what users get), ``triton:<name>`` (each Triton
 implementation the tuner timed at this shape, launched directly with its fastest configuration) and
 ``liger`` (when Liger-Kernel is installed and has the op). Forward+backward runs the forward with
-the inputs requiring grad and ``torch.autograd.grad`` (no ``.grad`` accumulation); for
+the inputs requiring grad and ``torch.autograd.grad`` (no ``.grad`` accumulation), with random
+incoming gradients, except 1 for a scalar output (a loss), as ``loss.backward()`` gives; for
 ``triton:<name>`` it is that forward followed by the op's declared backward, called directly.
 
 Times: on a GPU ``triton.testing.do_bench`` (median, L2 flushed); elsewhere the median of
@@ -238,6 +239,12 @@ def case_args(
     return args, bwd_args
 
 
+def _incoming_gradient(output: torch.Tensor) -> torch.Tensor:
+    """The gradient a forward+backward step feeds ``output``: 1 for a scalar (a loss, as ``loss.backward()``
+    gives), random otherwise."""
+    return torch.ones_like(output) if output.dim() == 0 else torch.randn_like(output)
+
+
 def _autograd_step(
     fn: Callable[..., Any], args: tuple[Any, ...], grad_args: Sequence[int]
 ) -> Callable[[], Callable[[], Any]]:
@@ -248,7 +255,7 @@ def _autograd_step(
         outputs = [t for t in _tensors(fn(*args)) if t.requires_grad]
         if not outputs:
             raise RuntimeError("no output requires grad, so there is no backward to measure")
-        grads = [torch.randn_like(t) for t in outputs]
+        grads = [_incoming_gradient(t) for t in outputs]
 
         def step() -> Any:
             outs = [t for t in _tensors(fn(*args)) if t.requires_grad]
@@ -308,7 +315,7 @@ def _triton_impl(
 
     # As under eager autograd: where the Backward names a forward that also returns statistics for
     # the backward, the same implementation and configuration of that forward runs.
-    stats_op = declared.forward
+    stats_op = declared.forward_op(args)
     twin = next((i for i in stats_op.implementations if i.name == impl.name), None) if stats_op else None
     if twin is not None and stats_op is not None:
         forward_with_extras = _direct_launch(twin, config, interpret)
@@ -316,14 +323,15 @@ def _triton_impl(
 
     def make() -> Callable[[], Any]:
         outputs = _tensors(launch(*args))
-        grads = [torch.randn_like(t) for t in outputs]
+        grads = [_incoming_gradient(t) for t in outputs]
         grad: Any = grads[0] if len(grads) == 1 else tuple(grads)
 
         def step() -> Any:
             if twin is None:
                 return declared.grads(declared.save(args, launch(*args)), grad)
+            assert stats_op is not None  # a twin was found in it
             y, *extras = forward_with_extras(*args)
-            return declared.grads((*declared.save(args, y), *extras), grad)
+            return declared.grads((*declared.save(args, y), *declared.kept(args, tuple(extras), stats_op)), grad)
 
         return step
 

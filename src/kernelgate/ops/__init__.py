@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from kernelgate.op import Op
 from kernelgate.ops.add_rms_norm import add_rms_norm, add_rms_norm_backward
-from kernelgate.ops.cross_entropy import cross_entropy, cross_entropy_backward, cross_entropy_with_stats
+from kernelgate.ops.cross_entropy import (
+    cross_entropy,
+    cross_entropy_backward,
+    cross_entropy_backward_into,
+    cross_entropy_with_grad,
+    cross_entropy_with_stats,
+)
 from kernelgate.ops.glu import geglu, geglu_backward, swiglu, swiglu_backward
 from kernelgate.ops.layer_norm import layer_norm, layer_norm_backward
 from kernelgate.ops.log_softmax import log_softmax, log_softmax_backward
@@ -18,6 +24,8 @@ __all__ = [
     "add_rms_norm_backward",
     "cross_entropy",
     "cross_entropy_backward",
+    "cross_entropy_backward_into",
+    "cross_entropy_with_grad",
     "cross_entropy_with_stats",
     "geglu",
     "geglu_backward",
@@ -51,6 +59,8 @@ BUILTIN_OPS: tuple[Op, ...] = (
     geglu_backward,
     cross_entropy,
     cross_entropy_with_stats,
+    cross_entropy_with_grad,
     cross_entropy_backward,
+    cross_entropy_backward_into,
     rotary_embedding,
 )

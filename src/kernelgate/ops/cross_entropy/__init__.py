@@ -1,5 +1,7 @@
-"""cross_entropy: declarations, launchers and the ops ``kernelgate.cross_entropy``, ``cross_entropy_with_stats``
-(the loss and each row's statistics, the forward under autograd) and ``cross_entropy_backward``.
+"""cross_entropy: declarations, launchers and the ops ``kernelgate.cross_entropy``, ``cross_entropy_with_grad`` (the
+loss and its gradient for an incoming gradient of 1: the forward of "mean" and "sum" under autograd) with its
+backward ``cross_entropy_backward_into``, ``cross_entropy_with_stats`` (the loss and each row's statistics: the
+forward of "none" under autograd) and ``cross_entropy_backward``.
 
 ``cross_entropy(logits, target, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean")``
 is :func:`torch.nn.functional.cross_entropy` for ``(N, C)`` (or ``(C,)``) logits and int64 class
@@ -11,20 +13,36 @@ Memory traffic, for ``N x C`` logits of ``b`` bytes each:
 - forward: reads the logits once (``N*C*b``; rows whose target is ignored are not read) and writes
   ``N`` losses; with smoothing and ``weight`` it also reads the weights per row, from L2. ``"mean"``
   and ``"sum"`` add one program summing ``N`` float32 losses (and target weights).
-- backward: writes ``N*C*b``. A row of up to 16384 classes is read once (held in registers). A
-  longer row is read once too when the backward gets the forward's row statistics (``stats``: each
-  row's maximum and log-sum, 8 bytes a row), as under eager autograd, where the forward runs as
-  ``cross_entropy_with_stats``; without them (a traced call, or a direct call without ``stats``) it
-  is read twice, once for its log-sum-exp and once to write the gradient. The second read of a row
-  of 32000 bf16 (64 KB) mostly hits L2; rows of 128K-256K classes mostly do not, so that backward
-  moves about ``3*N*C*b`` instead of ``2*N*C*b``. Ignored rows, which the forward does not read, are
-  always read twice.
+- forward+backward of ``"mean"`` and ``"sum"`` under eager autograd: the forward runs as
+  ``cross_entropy_with_grad``, whose program per row reads the row (ignored rows too, whose gradient
+  is 0, or NaN where torch's is) and writes its loss and its gradient for an incoming gradient of 1:
+  ``2*N*C*b`` in all for rows of up to 16384 classes, held in registers. A longer row is read twice,
+  once for its loss, maximum and log-sum and once to write the gradient: the second read of a row of
+  32000 bf16 (64 KB) mostly hits L2; rows of 128K-256K classes mostly do not (about ``3*N*C*b``).
+  ``"mean"`` first runs one program summing the ``N`` target weights, the gradient's divisor. The
+  backward (``cross_entropy_backward_into``) is one launch (two for ``"mean"``) whose programs read
+  the incoming gradient and return at once where it is 1, as for ``loss.backward()``: no pass over
+  memory. For another incoming gradient it computes the gradient again from the logits into the same
+  buffer, as the backward below does: that reads as much as scaling the saved gradient would, and
+  rounds a float16 or bfloat16 gradient once instead of twice. A second backward of the same graph
+  (``retain_graph=True``), a differentiated one (``create_graph=True``) and a traced call run the
+  backward below.
+- backward (of ``"none"``, and the cases just named): writes ``N*C*b``. A row of up to 16384 classes
+  is read once (held in registers). A longer row is read once too when the backward gets the
+  forward's row statistics (``stats``: each row's maximum and log-sum, 8 bytes a row), as under eager
+  autograd of ``"none"``, where the forward runs as ``cross_entropy_with_stats``; without them (a
+  traced call, or a direct call without ``stats``) it is read twice, once for its log-sum-exp and
+  once to write the gradient, so that backward moves about ``3*N*C*b`` instead of ``2*N*C*b`` for
+  rows of 128K-256K classes. Ignored rows, which the forward does not read, are always read twice.
 
 Extra memory: ``N`` float32 per-row losses for ``"sum"``, and ``N`` more target weights for ``"mean"``;
-``2*N`` float32 statistics kept for the backward under autograd; one float32 in the backward of
-``"mean"``; no float32 copy of the logits, no softmax buffer. The loss
-and the gradient of ``"mean"`` divide by a sum the device computes, and the backward reads the
-incoming gradient on the device: nothing synchronises.
+under eager autograd of ``"mean"`` and ``"sum"`` the gradient (``N*C*b``, the logits' dtype) is
+allocated in the forward and held until the backward hands it to autograd (the peak of a
+forward+backward step is the same, but the gradient lives from the forward on instead of from the
+backward on); under eager autograd of ``"none"``, ``2*N`` float32 statistics; one float32 in the
+backward of ``"mean"``; no float32 copy of the logits, no softmax buffer. The loss and the gradient
+of ``"mean"`` divide by a sum the device computes, and the backward reads the incoming gradient on
+the device: nothing synchronises.
 
 A target outside ``[0, C)`` that is not ``ignore_index`` gives a NaN loss row and gradient row on the
 Triton path (no kernel reads out of bounds, no device assert), and on the reference path for GPU
@@ -34,6 +52,7 @@ checking costs no synchronisation.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -47,12 +66,20 @@ from kernelgate.library import Backward
 from kernelgate.op import HALF_AND_FLOAT, Op, TritonImpl
 from kernelgate.ops.cross_entropy.reference import (
     check_cross_entropy_inputs,
+    cross_entropy_backward_into_reference,
     cross_entropy_backward_reference,
     cross_entropy_reference,
+    cross_entropy_with_grad_reference,
     cross_entropy_with_stats_reference,
 )
 
-__all__ = ["cross_entropy", "cross_entropy_backward", "cross_entropy_with_stats"]
+__all__ = [
+    "cross_entropy",
+    "cross_entropy_backward",
+    "cross_entropy_backward_into",
+    "cross_entropy_with_grad",
+    "cross_entropy_with_stats",
+]
 
 _KERNELS = "kernelgate.ops.cross_entropy.kernels"
 # The kernels are imported on first launch: `import kernelgate` works without Triton.
@@ -61,6 +88,7 @@ CROSS_ENTROPY_REDUCE = LazyKernel(_KERNELS, "_cross_entropy_reduce_kernel")
 CROSS_ENTROPY_BWD = LazyKernel(_KERNELS, "_cross_entropy_bwd_kernel")
 CROSS_ENTROPY_BWD_LOOPED = LazyKernel(_KERNELS, "_cross_entropy_bwd_looped_kernel")
 CROSS_ENTROPY_BWD_SCALE = LazyKernel(_KERNELS, "_cross_entropy_bwd_scale_kernel")
+CROSS_ENTROPY_FWD_GRAD = LazyKernel(_KERNELS, "_cross_entropy_fwd_grad_kernel")
 # Float logits (and weights) and the int64 targets.
 DTYPES = (*HALF_AND_FLOAT, torch.int64)
 # Rows per block of the one-program reductions over rows (of at most a few MB).
@@ -99,36 +127,99 @@ def _forward(
     check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
     rows = as_rows(logits, "logits")
     t, stride_t = _flat_target(target)
-    device = logits.device
-    if reduction == "none":
-        loss = empty(target.shape, dtype=logits.dtype, device=device)
-        target_weight = loss  # not written
-    else:
-        # Scratch the kernel fills entirely: float32 per row, summed below in a fixed order.
-        loss = torch.empty(rows.n_rows, dtype=torch.float32, device=device)
-        target_weight = torch.empty(rows.n_rows, dtype=torch.float32, device=device) if reduction == "mean" else loss
-    stats = empty((*target.shape, 2), dtype=torch.float32, device=device) if with_stats else loss
+    loss, target_weight = _loss_rows(rows.n_rows, logits, target, reduction)
+    stats = empty((*target.shape, 2), dtype=torch.float32, device=logits.device) if with_stats else loss
     launch(
         CROSS_ENTROPY_FWD, (rows.n_rows,), rows.tensor, t, _weight(weight, rows.tensor), loss, target_weight, stats,
         rows.stride, stride_t, rows.n_cols, ignore_index, float(label_smoothing),
         HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, WRITE_TARGET_WEIGHT=reduction == "mean",
         WRITE_STATS=with_stats, BLOCK_N=block, num_warps=num_warps,
     )  # fmt: skip
+    return _reduce(loss, target_weight, logits, reduction), stats if with_stats else None
+
+
+def _loss_rows(
+    n_rows: int, logits: torch.Tensor, target: torch.Tensor, reduction: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the forward kernel writes each row's loss and (for "mean") target weight."""
+    device = logits.device
     if reduction == "none":
-        return loss, stats if with_stats else None
-    out = empty((), dtype=logits.dtype, device=device)
+        loss = empty(target.shape, dtype=logits.dtype, device=device)
+        return loss, loss  # no target weight is written
+    # Scratch the kernel fills entirely: float32 per row, summed by _reduce in a fixed order.
+    loss = torch.empty(n_rows, dtype=torch.float32, device=device)
+    return loss, torch.empty(n_rows, dtype=torch.float32, device=device) if reduction == "mean" else loss
+
+
+def _reduce(loss: torch.Tensor, target_weight: torch.Tensor, logits: torch.Tensor, reduction: str) -> torch.Tensor:
+    """The loss of ``reduction`` from the rows' losses (and target weights) that _loss_rows allocated."""
+    if reduction == "none":
+        return loss
+    out = empty((), dtype=logits.dtype, device=logits.device)
     launch(
-        CROSS_ENTROPY_REDUCE, (1,), loss, target_weight, out, rows.n_rows,
+        CROSS_ENTROPY_REDUCE, (1,), loss, target_weight, out, loss.shape[0],
         MEAN=reduction == "mean", BLOCK_M=REDUCE_BLOCK, num_warps=4,
     )  # fmt: skip
-    return out, stats if with_stats else None
+    return out
 
 
-def _forward_launchers(with_stats: bool) -> tuple[Any, Any]:
-    """The single-block and looped launchers of cross_entropy, or of cross_entropy_with_stats."""
+def _mean_share(
+    grad: torch.Tensor | None, t: torch.Tensor, stride_t: int, w: torch.Tensor, has_weight: bool, n_rows: int,
+    n_cols: int, ignore_index: int, skip_unit: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """A valid row's share of the gradient of a "mean" loss, ``grad`` (1 when None) over the sum of the target
+    weights: float32 (1,), computed on the device by one program over the targets (with ``skip_unit``, left
+    unwritten where ``grad`` is 1)."""
+    share = torch.empty(1, dtype=torch.float32, device=t.device)
+    launch(
+        CROSS_ENTROPY_BWD_SCALE, (1,), share if grad is None else grad, t, w, share, stride_t, n_rows, n_cols,
+        ignore_index, HAS_GRAD=grad is not None, SKIP_UNIT=skip_unit, HAS_WEIGHT=has_weight, BLOCK_M=REDUCE_BLOCK,
+        num_warps=4,
+    )  # fmt: skip
+    return share
 
-    def result(loss: torch.Tensor, stats: torch.Tensor | None) -> Any:
-        return (loss, stats) if with_stats else loss
+
+def _forward_with_grad(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    reduction: str,
+    looped: bool,
+    block: int,
+    num_warps: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss and its gradient for an incoming gradient of 1 (see cross_entropy_with_grad)."""
+    check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
+    rows = as_rows(logits, "logits")
+    t, stride_t = _flat_target(target)
+    w = _weight(weight, rows.tensor)
+    loss, target_weight = _loss_rows(rows.n_rows, logits, target, reduction)
+    mean = reduction == "mean"
+    # "mean" divides each row's gradient by the sum of the target weights: computed first, on the device.
+    share = loss  # not read unless "mean"
+    if mean:
+        share = _mean_share(None, t, stride_t, w, weight is not None, rows.n_rows, rows.n_cols, ignore_index)
+    dx = empty(logits.shape, dtype=logits.dtype, device=logits.device)  # contiguous: rows n_cols apart
+    launch(
+        CROSS_ENTROPY_FWD_GRAD, (rows.n_rows,), rows.tensor, t, w, share, loss, target_weight, dx, rows.stride,
+        stride_t, rows.n_cols, ignore_index, float(label_smoothing),
+        HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, MEAN=mean, WRITE_TARGET_WEIGHT=mean,
+        LOOPED=looped, BLOCK_N=block, num_warps=num_warps,
+    )  # fmt: skip
+    return _reduce(loss, target_weight, logits, reduction), dx
+
+
+def _forward_launchers(returns: str) -> tuple[Any, Any]:
+    """The single-block and looped launchers of cross_entropy (``returns="loss"``), cross_entropy_with_stats
+    (``"stats"``) or cross_entropy_with_grad (``"grad"``)."""
+
+    def run(args: tuple[Any, Any, Any, Any, Any, Any], looped: bool, block: int, num_warps: int) -> Any:
+        if returns == "grad":
+            return _forward_with_grad(*args, looped, block, num_warps)
+        loss, stats = _forward(*args, block, num_warps, returns == "stats")
+        return (loss, stats) if returns == "stats" else loss
 
     def single_block(
         logits: torch.Tensor,
@@ -140,13 +231,8 @@ def _forward_launchers(with_stats: bool) -> tuple[Any, Any]:
         *,
         config: Config,
     ) -> Any:
-        block = rowwise.single_block(_n_cols(logits))
-        return result(
-            *_forward(
-                logits, target, weight, ignore_index, label_smoothing, reduction, block, config["num_warps"],
-                with_stats,
-            )
-        )  # fmt: skip
+        args = (logits, target, weight, ignore_index, label_smoothing, reduction)
+        return run(args, False, rowwise.single_block(_n_cols(logits)), config["num_warps"])
 
     def looped(
         logits: torch.Tensor,
@@ -158,12 +244,8 @@ def _forward_launchers(with_stats: bool) -> tuple[Any, Any]:
         *,
         config: Config,
     ) -> Any:
-        return result(
-            *_forward(
-                logits, target, weight, ignore_index, label_smoothing, reduction, config["BLOCK_N"],
-                config["num_warps"], with_stats,
-            )
-        )  # fmt: skip
+        args = (logits, target, weight, ignore_index, label_smoothing, reduction)
+        return run(args, True, config["BLOCK_N"], config["num_warps"])
 
     return single_block, looped
 
@@ -177,73 +259,81 @@ def _backward(
     label_smoothing: float,
     reduction: str,
     stats: torch.Tensor | None,
+    into: torch.Tensor | None,
     looped: bool,
     block: int,
     num_warps: int,
 ) -> torch.Tensor:
+    """The gradient (see cross_entropy_backward), or with ``into`` written there (see cross_entropy_backward_into)."""
     check_cross_entropy_inputs("cross_entropy_backward", logits, target, reduction, grad, stats)
     rows = as_rows(logits, "logits")
     t, stride_t = _flat_target(target)
     w = _weight(weight, rows.tensor)
+    skip_unit = into is not None
     if reduction == "mean":
-        share = torch.empty(1, dtype=torch.float32, device=logits.device)
-        launch(
-            CROSS_ENTROPY_BWD_SCALE, (1,), grad, t, w, share, stride_t, rows.n_rows, rows.n_cols, ignore_index,
-            HAS_WEIGHT=weight is not None, BLOCK_M=REDUCE_BLOCK, num_warps=4,
-        )  # fmt: skip
+        share = _mean_share(grad, t, stride_t, w, weight is not None, rows.n_rows, rows.n_cols, ignore_index, skip_unit)
         stride_g = 0
     else:
         share = grad
         stride_g = grad.stride(0) if grad.dim() else 0  # 0 also for a gradient expanded over the rows
-    dx = empty(logits.shape, dtype=logits.dtype, device=logits.device)  # contiguous: rows n_cols apart
-    pointers: tuple[torch.Tensor, ...] = (share, rows.tensor, t, w, dx)
+    # Contiguous: rows n_cols apart (cross_entropy_backward_into accepts only such an ``into``).
+    dx = empty(logits.shape, dtype=logits.dtype, device=logits.device) if into is None else into
+    pointers: tuple[torch.Tensor, ...] = (share, grad, rows.tensor, t, w, dx)
     meta: dict[str, Any] = {}
     if looped:  # a row held in one block gets its max and sum for free: only the looped kernel reads stats
-        pointers = (share, rows.tensor, t, w, rows.tensor if stats is None else stats, dx)
+        pointers = (share, grad, rows.tensor, t, w, rows.tensor if stats is None else stats, dx)
         meta["HAS_STATS"] = stats is not None
     launch(
         CROSS_ENTROPY_BWD_LOOPED if looped else CROSS_ENTROPY_BWD, (rows.n_rows,), *pointers, stride_g, rows.stride,
         stride_t, rows.n_cols, rows.n_cols, ignore_index, float(label_smoothing),
-        HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, BLOCK_N=block, num_warps=num_warps, **meta,
+        HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, SKIP_UNIT=skip_unit, BLOCK_N=block,
+        num_warps=num_warps, **meta,
     )  # fmt: skip
     return dx
 
 
-def _launch_backward_single_block(
-    grad: torch.Tensor,
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    ignore_index: int = -100,
-    label_smoothing: float = 0.0,
-    reduction: str = "mean",
-    stats: torch.Tensor | None = None,
-    *,
-    config: Config,
-) -> torch.Tensor:
-    block = rowwise.single_block(_n_cols(logits))
-    return _backward(
-        grad, logits, target, weight, ignore_index, label_smoothing, reduction, stats, False, block,
-        config["num_warps"],
-    )  # fmt: skip
+def _backward_launchers(into: bool) -> tuple[Any, Any]:
+    """The single-block and looped launchers of cross_entropy_backward (whose last argument is ``stats``), or with
+    ``into`` of cross_entropy_backward_into (whose last argument is ``dlogits``)."""
 
+    def run(
+        args: tuple[Any, Any, Any, Any, Any, Any, Any], last: torch.Tensor | None, looped: bool, block: int,
+        num_warps: int,
+    ) -> torch.Tensor:  # fmt: skip
+        stats, dlogits = (None, last) if into else (last, None)
+        return _backward(*args, stats, dlogits, looped, block, num_warps)
 
-def _launch_backward_looped(
-    grad: torch.Tensor,
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    ignore_index: int = -100,
-    label_smoothing: float = 0.0,
-    reduction: str = "mean",
-    stats: torch.Tensor | None = None,
-    *,
-    config: Config,
-) -> torch.Tensor:
-    return _backward(
-        grad, logits, target, weight, ignore_index, label_smoothing, reduction, stats, True, config["BLOCK_N"],
-        config["num_warps"],
-    )  # fmt: skip
+    def single_block(
+        grad: torch.Tensor,
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        last: torch.Tensor | None = None,
+        *,
+        config: Config,
+    ) -> torch.Tensor:
+        args = (grad, logits, target, weight, ignore_index, label_smoothing, reduction)
+        return run(args, last, False, rowwise.single_block(_n_cols(logits)), config["num_warps"])
+
+    def looped(
+        grad: torch.Tensor,
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        last: torch.Tensor | None = None,
+        *,
+        config: Config,
+    ) -> torch.Tensor:
+        args = (grad, logits, target, weight, ignore_index, label_smoothing, reduction)
+        return run(args, last, True, config["BLOCK_N"], config["num_warps"])
+
+    return single_block, looped
 
 
 def _impls(
@@ -334,6 +424,10 @@ def _contract(*leading: TensorArg) -> tuple[Any, ...]:
     )
 
 
+_BACKWARD_KERNELS = (
+    (CROSS_ENTROPY_BWD, CROSS_ENTROPY_BWD_SCALE),
+    (CROSS_ENTROPY_BWD_LOOPED, CROSS_ENTROPY_BWD_SCALE),
+)
 # The row statistics the forward hands to the backward: (n_rows, 2) float32, or (2,) for (C,) logits.
 _STATS = TensorArg("stats", dtypes=(torch.float32,), min_rank=1, optional=True)
 
@@ -341,12 +435,7 @@ cross_entropy_backward = Op(
     "cross_entropy_backward",
     reference=cross_entropy_backward_reference,
     args=(*_contract(TensorArg("grad")), _STATS),
-    implementations=_impls(
-        _launch_backward_single_block,
-        _launch_backward_looped,
-        ((CROSS_ENTROPY_BWD, CROSS_ENTROPY_BWD_SCALE), (CROSS_ENTROPY_BWD_LOOPED, CROSS_ENTROPY_BWD_SCALE)),
-        skip=1,
-    ),
+    implementations=_impls(*_backward_launchers(into=False), _BACKWARD_KERNELS, skip=1),
     # With the forward's statistics the looped kernel reads a valid row once: its own bucket.
     bucket=lambda grad, *args: (*_bucket(*args[:6]), len(args) > 6 and args[6] is not None),
     reduction_length=lambda grad, *args: _reduction_length(*args[:6]),
@@ -358,7 +447,7 @@ cross_entropy_with_stats = Op(
     reference=cross_entropy_with_stats_reference,
     args=_contract(),
     implementations=_impls(
-        *_forward_launchers(with_stats=True),
+        *_forward_launchers("stats"),
         ((CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE), (CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE)),
         skip=0,
     ),
@@ -367,6 +456,140 @@ cross_entropy_with_stats = Op(
     make_inputs=_make_inputs,
     returns="(Tensor, Tensor)",
 )
+
+cross_entropy_with_grad = Op(
+    "cross_entropy_with_grad",
+    reference=cross_entropy_with_grad_reference,
+    args=_contract(),
+    implementations=_impls(
+        *_forward_launchers("grad"),
+        ((CROSS_ENTROPY_FWD_GRAD, CROSS_ENTROPY_BWD_SCALE, CROSS_ENTROPY_REDUCE),) * 2,
+        skip=0,
+    ),
+    bucket=_bucket,
+    reduction_length=_reduction_length,
+    make_inputs=_make_inputs,
+    returns="(Tensor, Tensor)",
+)
+
+
+def _make_backward_into_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+    args = _make_inputs(shape, dtype, device)
+    grad = torch.tensor(0.5, device=device, dtype=dtype)  # not 1: the kernels compute
+    return (grad, *args, cross_entropy_with_grad.reference(*args)[1])
+
+
+def _unit_gradient_only(*args: Any) -> str | None:
+    """Refuse what the kernels' test of the incoming gradient cannot read: a gradient per row, a strided ``dlogits``."""
+    if args[6] == "none":
+        return "reduction 'none' has a gradient per row; cross_entropy_with_grad's backward takes a scalar loss"
+    return None if args[7].is_contiguous() else "dlogits is not contiguous"
+
+
+def _backward_into_impls() -> tuple[TritonImpl, ...]:
+    """cross_entropy_backward's implementations, writing into ``dlogits``, for scalar losses only."""
+
+    def supports(fits: Any) -> Any:
+        return lambda *args: _unit_gradient_only(*args) or (fits(*args) if fits is not None else None)
+
+    impls = _impls(*_backward_launchers(into=True), _BACKWARD_KERNELS, skip=1)
+    return tuple(dataclasses.replace(impl, supports=supports(impl.supports)) for impl in impls)
+
+
+cross_entropy_backward_into = Op(
+    "cross_entropy_backward_into",
+    reference=cross_entropy_backward_into_reference,
+    args=(*_contract(TensorArg("grad", rank=0)), TensorArg("dlogits", same_shape_as="logits")),
+    implementations=_backward_into_impls(),
+    # Written in place: tuning and check mode work on copies, and the operator's schema says so.
+    mutates=("dlogits",),
+    returns="()",
+    bucket=lambda grad, *args: _bucket(*args[:6]),
+    reduction_length=lambda grad, *args: _reduction_length(*args[:6]),
+    make_inputs=_make_backward_into_inputs,
+)
+
+
+class _IncomingGradient:
+    """Whether the latest backward of a reduced cross_entropy got an incoming gradient of exactly 1,
+    as ``loss.backward()`` gives, observed without waiting for the device.
+
+    The backward copies the incoming gradient to pinned host memory behind an event; a later forward
+    reads it once the event has passed, never blocking (until then it keeps the earlier answer). A
+    gradient of 1 makes computing the gradient in the forward pay: one read of the logits and one
+    write of the gradient in all. Another (a loss divided for gradient accumulation, a scaled loss)
+    would have the backward compute it again, so the forward then keeps row statistics instead. The
+    answer steers speed only: both forwards give the same numbers.
+    """
+
+    def __init__(self) -> None:
+        self.unit = True  # before any backward: the common case
+        self._pending: tuple[Any, torch.Tensor] | None = None  # (event or None, the value on the host)
+
+    def expected(self) -> bool:
+        pending = self._pending
+        if pending is not None and (pending[0] is None or pending[0].query()):
+            self.unit = bool(pending[1].item() == 1)  # a host tensor: no synchronisation
+            self._pending = None
+        return self.unit
+
+    def observe(self, grad: torch.Tensor) -> None:
+        if self._pending is not None:  # one copy in flight at a time, so a buffer is never overwritten
+            return
+        if grad.device.type != "cuda":
+            self._pending = (None, grad.detach().to("cpu", copy=True))
+            return
+        host = torch.empty((), dtype=grad.dtype, pin_memory=True)
+        host.copy_(grad.detach(), non_blocking=True)
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        self._pending = (event, host)
+
+
+_incoming_gradient = _IncomingGradient()
+
+
+def reset_incoming_gradient() -> None:
+    """Forget the observed incoming gradients (a fresh process's state): for tests."""
+    global _incoming_gradient
+    _incoming_gradient = _IncomingGradient()
+
+
+def _forward_op(inputs: tuple[Any, ...]) -> Op:
+    """The forward eager autograd runs: with the gradient for a reduced (scalar) loss whose backward is
+    expected to get 1, else with the row statistics.
+
+    Under eager autograd the logits are the only input that can require grad (a weight that does is
+    refused by _save), so the reduction and the incoming gradient alone decide.
+    """
+    if inputs[5] != "none" and _incoming_gradient.expected():
+        return cross_entropy_with_grad
+    return cross_entropy_with_stats
+
+
+class _SavedGradient:
+    """cross_entropy_with_grad's gradient, handed to the first backward that asks, and then dropped.
+
+    Kept on the autograd context as a plain value rather than through ``save_for_backward``: the
+    backward scales the tensor in place, which would bump its version counter and make a second
+    backward of the graph (``retain_graph=True``) fail autograd's check on unpacking it, though that
+    backward recomputes instead. Dropping it once taken also lets autograd accumulate the tensor
+    into ``logits.grad`` without a copy. ``saved_tensors_hooks`` (such as ``save_on_cpu``) do not
+    see it.
+    """
+
+    __slots__ = ("dlogits",)
+
+    def __init__(self, dlogits: torch.Tensor) -> None:
+        self.dlogits: torch.Tensor | None = dlogits
+
+    def take(self) -> torch.Tensor | None:
+        dlogits, self.dlogits = self.dlogits, None
+        return dlogits
+
+
+def _keep(inputs: tuple[Any, ...], extras: tuple[Any, ...], forward: Op) -> tuple[Any, ...]:
+    return (_SavedGradient(extras[0]),) if forward is cross_entropy_with_grad else extras
 
 
 def _save(inputs: tuple[Any, ...], loss: torch.Tensor) -> tuple[Any, ...]:
@@ -380,10 +603,25 @@ def _save(inputs: tuple[Any, ...], loss: torch.Tensor) -> tuple[Any, ...]:
 
 
 def _grads(saved: tuple[Any, ...], grad: torch.Tensor) -> tuple[Any, ...]:
-    # The six inputs, then the forward's row statistics where the eager autograd path kept them. They
-    # carry no autograd history, so a backward that is itself differentiated (create_graph, where
-    # grad mode is on) recomputes them from the logits.
-    stats = saved[6] if len(saved) > 6 and not torch.is_grad_enabled() else None
+    # The six inputs, then what the eager autograd path's forward kept: the gradient for an incoming
+    # gradient of 1 ("mean", "sum") or the row statistics ("none"). Neither carries autograd history,
+    # so a backward that is itself differentiated (create_graph, where grad mode is on) recomputes
+    # from the logits; so does any backward after the first, which finds the gradient taken.
+    extra = saved[6] if len(saved) > 6 else None
+    differentiated = torch.is_grad_enabled()
+    if saved[5] != "none" and not differentiated:
+        _incoming_gradient.observe(grad)
+    if isinstance(extra, _SavedGradient):
+        dlogits = extra.take()
+        if dlogits is not None and not differentiated:
+            # In place; where grad is 1 (loss.backward()) this moves no memory. Another grad is not
+            # applied by scaling the saved gradient: rounded twice, a float16 or bfloat16 gradient
+            # would be up to twice as far from the exact one as torch's. It is computed again from
+            # the logits, which reads as much as scaling would.
+            cross_entropy_backward_into(grad, *saved[:6], dlogits)
+            return (dlogits, None, None, None, None, None)
+        extra = None
+    stats = None if differentiated else extra
     return (cross_entropy_backward(grad, *saved[:6], stats), None, None, None, None, None)
 
 
@@ -392,15 +630,17 @@ cross_entropy = Op(
     reference=cross_entropy_reference,
     args=_contract(),
     implementations=_impls(
-        *_forward_launchers(with_stats=False),
+        *_forward_launchers("loss"),
         ((CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE), (CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE)),
         skip=0,
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,
-    # Under eager autograd the forward is cross_entropy_with_stats: each row's maximum and log-sum
-    # are kept (8 bytes a row), so the backward reads a long row once instead of twice. A traced
-    # call (the PyTorch operator) keeps only the inputs, and the backward recomputes them.
-    backward=Backward(save=_save, grads=_grads, forward=cross_entropy_with_stats),
+    # Under eager autograd the forward of "mean" and "sum" is cross_entropy_with_grad: it writes the
+    # gradient for an incoming gradient of 1 (one read of the logits, one write), which the backward
+    # scales in place. That of "none" is cross_entropy_with_stats: each row's maximum and log-sum are
+    # kept (8 bytes a row), so the backward reads a long row once instead of twice. A traced call (the
+    # PyTorch operator) keeps only the inputs, and the backward recomputes from them.
+    backward=Backward(save=_save, grads=_grads, forward=_forward_op, keep=_keep),
     make_inputs=_make_inputs,
 )

@@ -17,6 +17,102 @@ import triton.language as tl
 
 
 @triton.jit
+def _row_target(target_ptr, row, stride_tm, n_cols, ignore_index):
+    """The row's target ``t``: whether the row is ignored, whether it is valid, and ``t`` where valid (else 0)."""
+    t = tl.load(target_ptr + row * stride_tm)
+    ignored = t == ignore_index
+    valid = (t != ignore_index) & (t >= 0) & (t < n_cols)
+    return ignored, valid, tl.where(valid, t, 0)
+
+
+@triton.jit
+def _target_logit(x_row, t_safe, valid):
+    """``x[t]`` in float32 (0 unless the row is valid), and the pivot of the smoothing sums: ``x[t]`` where finite,
+    else 0 (-inf and NaN would poison the sums)."""
+    x_t = tl.load(x_row + t_safe, mask=valid, other=0.0).to(tl.float32)
+    return x_t, tl.where(tl.abs(x_t) < float("inf"), x_t, 0.0)
+
+
+@triton.jit
+def _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT: tl.constexpr):
+    """``w[t]`` in float32 for a valid row (1 without HAS_WEIGHT), 0 for any other row."""
+    if HAS_WEIGHT:
+        w_t = tl.load(weight_ptr + t_safe, mask=valid, other=0.0).to(tl.float32)
+    else:
+        w_t = tl.where(valid, 1.0, 0.0)
+    return w_t
+
+
+@triton.jit
+def _online_lse(m, s, x):
+    """One block ``x`` (float32, -inf where masked) added to a streamed log-sum-exp: the running maximum ``m``
+    and the per-lane sums ``s`` of ``exp(x - m)``, returned updated."""
+    m_new = tl.maximum(m, tl.max(x, axis=0))
+    # Equal maxima (both -inf included) keep s; a NaN anywhere makes s NaN, as torch's result is.
+    s = s * tl.where(m_new == m, 1.0, tl.exp(m - m_new))
+    s += tl.exp(x - tl.where(m_new == float("-inf"), 0.0, m_new))
+    return m_new, s
+
+
+@triton.jit
+def _smoothing_sums(sum_w, sum_wx, x, cols, mask, pivot, weight_ptr, HAS_WEIGHT: tl.constexpr):
+    """One block added to the per-lane sums of the smoothing term: ``w`` and ``w * (x - pivot)``."""
+    if HAS_WEIGHT:
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        sum_w += w
+        sum_wx += tl.where(mask, w * (x - pivot), 0.0)
+    else:
+        sum_wx += tl.where(mask, x - pivot, 0.0)
+    return sum_w, sum_wx
+
+
+@triton.jit
+def _streamed_sums(
+    x_row, weight_ptr, n_read, n_cols, pivot, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    EVICTION: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The first ``n_read`` (0 or ``n_cols``) elements of a row streamed in blocks of BLOCK_N with an online
+    maximum (one exp per element): ``m``, and the per-lane sums ``s`` and, with HAS_SMOOTHING, those of
+    :func:`_smoothing_sums`. EVICTION: the cache policy of the row's loads."""
+    m = tl.full((), float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of exp(x - m)
+    sum_w = tl.zeros([BLOCK_N], tl.float32)
+    sum_wx = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of w * (x - pivot)
+    for start in range(0, n_read, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy=EVICTION).to(tl.float32)
+        m, s = _online_lse(m, s, x)
+        if HAS_SMOOTHING:
+            sum_w, sum_wx = _smoothing_sums(sum_w, sum_wx, x, cols, mask, pivot, weight_ptr, HAS_WEIGHT)
+    return m, s, sum_w, sum_wx
+
+
+@triton.jit
+def _store_row_loss(
+    loss_ptr, target_weight_ptr, row, m, s, sum_w, sum_wx, x_t, pivot, weight_ptr, t_safe, valid, ignored, n_cols,
+    label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, WRITE_TARGET_WEIGHT: tl.constexpr,
+):  # fmt: skip
+    """Store the row's loss from its streamed sums (see :func:`_cross_entropy_fwd_kernel`), and with
+    WRITE_TARGET_WEIGHT ``w[t]``; return ``w[t]``, the row's ``log(s)``, and ``W`` (``C`` unless HAS_WEIGHT and
+    HAS_SMOOTHING). An ignored row's loss is 0, a bad row's NaN."""
+    w_t = _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT)
+    log_s = tl.log(tl.sum(s, axis=0))
+    loss = w_t * ((m - x_t) + log_s)
+    total_w = n_cols + 0.0
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            total_w = tl.sum(sum_w, axis=0)
+        smooth = total_w * ((m - pivot) + log_s) - tl.sum(sum_wx, axis=0)
+        loss = (1.0 - label_smoothing) * loss + label_smoothing / n_cols * smooth
+    loss = tl.where(valid, loss, tl.where(ignored, 0.0, float("nan")))
+    tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
+    if WRITE_TARGET_WEIGHT:
+        tl.store(target_weight_ptr + row, w_t)
+    return w_t, log_s, total_w
+
+
+@triton.jit
 def _cross_entropy_fwd_kernel(
     x_ptr, target_ptr, weight_ptr, loss_ptr, target_weight_ptr, stats_ptr, stride_xm, stride_tm, n_cols,
     ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
@@ -36,47 +132,16 @@ def _cross_entropy_fwd_kernel(
     row's loss is 0 and a bad row's NaN; neither reads the row.
     """
     row = tl.program_id(0)
-    t = tl.load(target_ptr + row * stride_tm)
-    ignored = t == ignore_index
-    valid = (t != ignore_index) & (t >= 0) & (t < n_cols)
-    t_safe = tl.where(valid, t, 0)
+    ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
     x_row = x_ptr + row * stride_xm
-    x_t = tl.load(x_row + t_safe, mask=valid, other=0.0).to(tl.float32)
-    pivot = tl.where(tl.abs(x_t) < float("inf"), x_t, 0.0)  # finite: -inf and NaN would poison the sum
-    m = tl.full((), float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of exp(x - m)
-    sum_w = tl.zeros([BLOCK_N], tl.float32)
-    sum_wx = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of w * (x - pivot)
-    for start in range(0, tl.where(valid, n_cols, 0), BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        # Equal maxima (both -inf included) keep s; a NaN anywhere makes s NaN, as torch's result is.
-        s = s * tl.where(m_new == m, 1.0, tl.exp(m - m_new))
-        s += tl.exp(x - tl.where(m_new == float("-inf"), 0.0, m_new))
-        m = m_new
-        if HAS_SMOOTHING:
-            if HAS_WEIGHT:
-                w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                sum_w += w
-                sum_wx += tl.where(mask, w * (x - pivot), 0.0)
-            else:
-                sum_wx += tl.where(mask, x - pivot, 0.0)
-    log_s = tl.log(tl.sum(s, axis=0))
-    if HAS_WEIGHT:
-        w_t = tl.load(weight_ptr + t_safe, mask=valid, other=0.0).to(tl.float32)
-    else:
-        w_t = tl.where(valid, 1.0, 0.0)
-    loss = w_t * ((m - x_t) + log_s)
-    if HAS_SMOOTHING:
-        total_w = tl.sum(sum_w, axis=0) if HAS_WEIGHT else n_cols + 0.0
-        smooth = total_w * ((m - pivot) + log_s) - tl.sum(sum_wx, axis=0)
-        loss = (1.0 - label_smoothing) * loss + label_smoothing / n_cols * smooth
-    loss = tl.where(valid, loss, tl.where(ignored, 0.0, float("nan")))
-    tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
-    if WRITE_TARGET_WEIGHT:
-        tl.store(target_weight_ptr + row, w_t)
+    x_t, pivot = _target_logit(x_row, t_safe, valid)
+    m, s, sum_w, sum_wx = _streamed_sums(
+        x_row, weight_ptr, tl.where(valid, n_cols, 0), n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_first", BLOCK_N
+    )
+    _, log_s, _ = _store_row_loss(
+        loss_ptr, target_weight_ptr, row, m, s, sum_w, sum_wx, x_t, pivot, weight_ptr, t_safe, valid, ignored, n_cols,
+        label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
+    )  # fmt: skip
     if WRITE_STATS:
         tl.store(stats_ptr + 2 * row, m)
         tl.store(stats_ptr + 2 * row + 1, log_s)
@@ -108,25 +173,28 @@ def _cross_entropy_reduce_kernel(
 @triton.jit
 def _cross_entropy_bwd_scale_kernel(
     grad_ptr, target_ptr, weight_ptr, scale_ptr, stride_tm, n_rows, n_cols, ignore_index,
-    HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+    HAS_GRAD: tl.constexpr, SKIP_UNIT: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     """scale = grad / sum(w[t] over the valid rows): each row's share of the gradient of a "mean" loss.
 
-    grad_ptr: () the loss's gradient. target_ptr: (n_rows,) int64, ``stride_tm`` apart. weight_ptr:
-    (n_cols,) (read only with HAS_WEIGHT). scale_ptr: (1,) float32. Grid: (1,). The gradient is read
-    here, on the device: no synchronisation.
+    grad_ptr: () the loss's gradient (read only with HAS_GRAD; 1 without). target_ptr: (n_rows,)
+    int64, ``stride_tm`` apart. weight_ptr: (n_cols,) (read only with HAS_WEIGHT). scale_ptr: (1,)
+    float32, not written with SKIP_UNIT where grad is 1 (the backward kernel then writes nothing
+    either). Grid: (1,). The gradient and the divisor stay on the device: no synchronisation.
     """
+    if SKIP_UNIT:
+        unit = tl.load(grad_ptr).to(tl.float32) == 1.0
+        if unit:
+            return
     acc = tl.zeros([BLOCK_M], tl.float32)
     for start in range(0, n_rows, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         in_rows = rows < n_rows
         t = tl.load(target_ptr + rows * stride_tm, mask=in_rows, other=0)
         valid = in_rows & (t != ignore_index) & (t >= 0) & (t < n_cols)
-        if HAS_WEIGHT:
-            acc += tl.load(weight_ptr + tl.where(valid, t, 0), mask=valid, other=0.0).to(tl.float32)
-        else:
-            acc += tl.where(valid, 1.0, 0.0)
-    tl.store(scale_ptr, tl.load(grad_ptr).to(tl.float32) / tl.sum(acc, axis=0))
+        acc += _target_weight(weight_ptr, tl.where(valid, t, 0), valid, HAS_WEIGHT)
+    grad = tl.load(grad_ptr).to(tl.float32) if HAS_GRAD else 1.0
+    tl.store(scale_ptr, grad / tl.sum(acc, axis=0))
 
 
 @triton.jit
@@ -143,9 +211,39 @@ def _dlogits(p, is_target, w_t, w, total_w, n_cols, label_smoothing, HAS_SMOOTHI
 
 
 @triton.jit
+def _store_dlogits(
+    dx_ptr, p, cols, mask, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols, label_smoothing,
+    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):  # fmt: skip
+    """Store ``g * _dlogits(p)`` for the columns ``cols`` of a row at ``dx_ptr``: NaN for a bad row."""
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT and HAS_SMOOTHING else 1.0
+    dx = g * _dlogits(p, cols == t_safe, w_t, w, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
+    dx = tl.where(valid | ignored, dx, float("nan"))
+    tl.store(dx_ptr + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_dlogits_looped(
+    x_row, dx_row, m, log_s, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols, label_smoothing,
+    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The gradient of a row longer than one block, from its ``m`` and ``log(s)``: one more read of the row."""
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
+        p = tl.exp((x - m) - log_s)
+        _store_dlogits(
+            dx_row, p, cols, mask, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols, label_smoothing,
+            HAS_WEIGHT, HAS_SMOOTHING,
+        )  # fmt: skip
+
+
+@triton.jit
 def _cross_entropy_bwd_kernel(
-    grad_ptr, x_ptr, target_ptr, weight_ptr, dx_ptr, stride_gm, stride_xm, stride_tm, stride_dxm, n_cols,
-    ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_N: tl.constexpr,
+    grad_ptr, loss_grad_ptr, x_ptr, target_ptr, weight_ptr, dx_ptr, stride_gm, stride_xm, stride_tm, stride_dxm, n_cols,
+    ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, SKIP_UNIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """dx[m, :] = g[m] * _dlogits(softmax(x[m, :])) for a row that fits one block: read once, written once.
 
@@ -153,36 +251,38 @@ def _cross_entropy_bwd_kernel(
     float32 scale of "mean"). x_ptr, dx_ptr: (n_rows, n_cols). target_ptr: (n_rows,) int64,
     ``stride_tm`` apart. weight_ptr: (n_cols,) (read only with HAS_WEIGHT). Grid: (n_rows,).
     BLOCK_N >= n_cols, a power of two. An ignored row is 0 * (...): 0, or NaN where its softmax is
-    NaN, as torch's; a bad row is NaN.
+    NaN, as torch's; a bad row is NaN. With SKIP_UNIT, dx already holds the gradient for an
+    incoming gradient of 1 (cross_entropy_with_grad's), and where the loss's gradient
+    ``loss_grad_ptr`` () is 1 the program returns at once: nothing is read or written.
     """
+    if SKIP_UNIT:
+        unit = tl.load(loss_grad_ptr).to(tl.float32) == 1.0
+        if unit:
+            return
     row = tl.program_id(0)
-    t = tl.load(target_ptr + row * stride_tm)
-    ignored = t == ignore_index
-    valid = (t != ignore_index) & (t >= 0) & (t < n_cols)
-    t_safe = tl.where(valid, t, 0)
+    ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
     g = tl.where(valid, tl.load(grad_ptr + row * stride_gm).to(tl.float32), 0.0)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=float("-inf")).to(tl.float32)
     e = tl.exp(x - tl.max(x, axis=0))
     p = e / tl.sum(e, axis=0)
-    w_t = tl.load(weight_ptr + t_safe, mask=valid, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+    w_t = _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT)
     if HAS_WEIGHT and HAS_SMOOTHING:
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        total_w = tl.sum(w, axis=0)
+        total_w = tl.sum(tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32), axis=0)
     else:
-        w = 1.0
         total_w = n_cols + 0.0
-    dx = g * _dlogits(p, cols == t_safe, w_t, w, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
-    dx = tl.where(valid | ignored, dx, float("nan"))
-    tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    _store_dlogits(
+        dx_ptr + row * stride_dxm, p, cols, mask, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols,
+        label_smoothing, HAS_WEIGHT, HAS_SMOOTHING,
+    )  # fmt: skip
 
 
 @triton.jit
 def _cross_entropy_bwd_looped_kernel(
-    grad_ptr, x_ptr, target_ptr, weight_ptr, stats_ptr, dx_ptr, stride_gm, stride_xm, stride_tm, stride_dxm, n_cols,
-    ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, HAS_STATS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    grad_ptr, loss_grad_ptr, x_ptr, target_ptr, weight_ptr, stats_ptr, dx_ptr, stride_gm, stride_xm, stride_tm,
+    stride_dxm, n_cols, ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    HAS_STATS: tl.constexpr, SKIP_UNIT: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """The gradient of a row longer than one block: the row's ``m`` and ``log(s)``, then one pass writing dx.
 
@@ -191,12 +291,14 @@ def _cross_entropy_bwd_looped_kernel(
     is read once and written once. Otherwise a first pass computes them (asking the cache to keep the
     row, so the second read mostly hits L2 for rows of a few 10K elements): an ignored row is always
     read, so that its gradient is NaN exactly where torch's is, since the forward did not read it.
+    SKIP_UNIT as in :func:`_cross_entropy_bwd_kernel`.
     """
+    if SKIP_UNIT:
+        unit = tl.load(loss_grad_ptr).to(tl.float32) == 1.0
+        if unit:
+            return
     row = tl.program_id(0)
-    t = tl.load(target_ptr + row * stride_tm)
-    ignored = t == ignore_index
-    valid = (t != ignore_index) & (t >= 0) & (t < n_cols)
-    t_safe = tl.where(valid, t, 0)
+    ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
     g = tl.where(valid, tl.load(grad_ptr + row * stride_gm).to(tl.float32), 0.0)
     x_row = x_ptr + row * stride_xm
     first_pass = tl.where(valid, 0, n_cols) if HAS_STATS else n_cols
@@ -204,17 +306,13 @@ def _cross_entropy_bwd_looped_kernel(
     s = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, first_pass, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_last").to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        s = s * tl.where(m_new == m, 1.0, tl.exp(m - m_new))
-        s += tl.exp(x - tl.where(m_new == float("-inf"), 0.0, m_new))
-        m = m_new
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy="evict_last")
+        m, s = _online_lse(m, s, x.to(tl.float32))
     log_s = tl.log(tl.sum(s, axis=0))
     if HAS_STATS:
         m = tl.where(valid, tl.load(stats_ptr + 2 * row, mask=valid, other=0.0), m)
         log_s = tl.where(valid, tl.load(stats_ptr + 2 * row + 1, mask=valid, other=0.0), log_s)
-    w_t = tl.load(weight_ptr + t_safe, mask=valid, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+    w_t = _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT)
     if HAS_WEIGHT and HAS_SMOOTHING:
         sum_w = tl.zeros([BLOCK_N], tl.float32)  # W: the weights are a few KB to 1 MB, read from L2
         for start in range(0, n_cols, BLOCK_N):
@@ -223,13 +321,61 @@ def _cross_entropy_bwd_looped_kernel(
         total_w = tl.sum(sum_w, axis=0)
     else:
         total_w = n_cols + 0.0
-    dx_row = dx_ptr + row * stride_dxm
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
-        p = tl.exp((x - m) - log_s)
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT and HAS_SMOOTHING else 1.0
-        dx = g * _dlogits(p, cols == t_safe, w_t, w, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
-        dx = tl.where(valid | ignored, dx, float("nan"))
-        tl.store(dx_row + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    _store_dlogits_looped(
+        x_row, dx_ptr + row * stride_dxm, m, log_s, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols,
+        label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, BLOCK_N,
+    )  # fmt: skip
+
+
+@triton.jit
+def _cross_entropy_fwd_grad_kernel(
+    x_ptr, target_ptr, weight_ptr, share_ptr, loss_ptr, target_weight_ptr, dx_ptr, stride_xm, stride_tm, n_cols,
+    ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, MEAN: tl.constexpr,
+    WRITE_TARGET_WEIGHT: tl.constexpr, LOOPED: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The row's loss, as :func:`_cross_entropy_fwd_kernel` writes it, and its gradient for an incoming gradient
+    of 1: ``dx[m, :] = g * _dlogits(softmax(x[m, :]))``.
+
+    Pointers as in :func:`_cross_entropy_fwd_kernel` (without stats); dx_ptr: (n_rows, n_cols),
+    contiguous. share_ptr: (1,) float32, ``g`` of every valid row for "mean" (1 / sum of the target
+    weights, from :func:`_cross_entropy_bwd_scale_kernel`; read only with MEAN); ``g`` is 1 otherwise,
+    0 for a row that is not valid. Grid: (n_rows,). Without LOOPED, BLOCK_N >= n_cols (a power of
+    two) and the row is read once, held in registers. With LOOPED a first pass streams the row for
+    its loss, ``m`` and ``log(s)`` (asking the cache to keep it) and a second reads it again to write
+    dx: that read of a row of a few 10K elements mostly hits L2, of 128K-256K classes mostly not.
+    An ignored row is read (its gradient is 0, or NaN where its softmax is NaN, as torch's); a bad
+    row is not (its gradient is NaN).
+    """
+    row = tl.program_id(0)
+    ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
+    x_row = x_ptr + row * stride_xm
+    x_t, pivot = _target_logit(x_row, t_safe, valid)
+    n_read = tl.where(valid | ignored, n_cols, 0)
+    if LOOPED:
+        m, s, sum_w, sum_wx = _streamed_sums(
+            x_row, weight_ptr, n_read, n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_last", BLOCK_N
+        )
+    else:
+        cols = tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=cols < n_read, other=float("-inf")).to(tl.float32)
+        m, s = _online_lse(tl.full((), float("-inf"), tl.float32), tl.zeros([BLOCK_N], tl.float32), x)
+        sum_w = tl.zeros([BLOCK_N], tl.float32)
+        sum_wx = tl.zeros([BLOCK_N], tl.float32)
+        if HAS_SMOOTHING:
+            sum_w, sum_wx = _smoothing_sums(sum_w, sum_wx, x, cols, cols < n_cols, pivot, weight_ptr, HAS_WEIGHT)
+    w_t, log_s, total_w = _store_row_loss(
+        loss_ptr, target_weight_ptr, row, m, s, sum_w, sum_wx, x_t, pivot, weight_ptr, t_safe, valid, ignored, n_cols,
+        label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
+    )  # fmt: skip
+    g = tl.where(valid, tl.load(share_ptr) if MEAN else 1.0, 0.0)
+    dx_row = dx_ptr + row * n_cols
+    if LOOPED:
+        _store_dlogits_looped(
+            x_row, dx_row, m, log_s, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols, label_smoothing,
+            HAS_WEIGHT, HAS_SMOOTHING, BLOCK_N,
+        )  # fmt: skip
+    else:
+        _store_dlogits(
+            dx_row, tl.exp((x - m) - log_s), cols, cols < n_cols, weight_ptr, g, t_safe, w_t, total_w, valid,
+            ignored, n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING,
+        )  # fmt: skip

@@ -27,8 +27,10 @@ from kernelgate.errors import InputTypeError, InputValueError
 
 __all__ = [
     "check_cross_entropy_inputs",
+    "cross_entropy_backward_into_reference",
     "cross_entropy_backward_reference",
     "cross_entropy_reference",
+    "cross_entropy_with_grad_reference",
     "cross_entropy_with_stats_reference",
 ]
 
@@ -243,3 +245,52 @@ def cross_entropy_backward_reference(
     dx = p * k.unsqueeze(-1) - ((1 - eps) * w_target).unsqueeze(-1) * one_hot - smooth * w
     dx = (share.unsqueeze(-1) * dx).masked_fill(bad.unsqueeze(-1), float("nan"))
     return dx.reshape(logits.shape).to(logits.dtype)
+
+
+def cross_entropy_with_grad_reference(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss of :func:`cross_entropy_reference`, and its gradient with respect to ``logits`` for an incoming
+    gradient of 1 (ones of the loss's shape for ``"none"``): :func:`cross_entropy_backward_reference`'s.
+
+    The gradient has the logits' shape and dtype and is contiguous.
+
+    >>> loss, dx = cross_entropy_with_grad_reference(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
+    >>> round(loss.item(), 4), dx.tolist()
+    (0.6931, [[-0.5, 0.5]])
+    """
+    loss = cross_entropy_reference(logits, target, weight, ignore_index, label_smoothing, reduction)
+    ones = torch.ones(loss.shape, dtype=logits.dtype, device=logits.device)
+    dx = cross_entropy_backward_reference(ones, logits, target, weight, ignore_index, label_smoothing, reduction)
+    return loss, dx.contiguous()
+
+
+def cross_entropy_backward_into_reference(
+    grad: torch.Tensor,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    reduction: str,
+    dlogits: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`cross_entropy_backward_reference`'s gradient for ``grad``, written into ``dlogits`` and returned.
+
+    ``dlogits`` holds the gradient for an incoming gradient of 1 (as
+    :func:`cross_entropy_with_grad_reference` returns it), so where ``grad`` is 1 it already is the
+    result: the kernels then write nothing (checked on the device, no synchronisation); for another
+    ``grad`` they compute it from the logits. This reference always computes and writes it.
+
+    >>> dx = torch.tensor([[-0.5, 0.5]])
+    >>> cross_entropy_backward_into_reference(torch.tensor(3.0), torch.zeros(1, 2), torch.tensor([0]), None,
+    ...                                       -100, 0.0, "mean", dx).tolist()
+    [[-1.5, 1.5]]
+    """
+    dx = cross_entropy_backward_reference(grad, logits, target, weight, ignore_index, label_smoothing, reduction)
+    return dlogits.copy_(dx)

@@ -56,7 +56,8 @@ def _steps(
     )
     wrt = [leaves[i] for i in grad_args if isinstance(leaves[i], torch.Tensor)]
     outputs = [t for t in _tensors(op(*leaves)) if t.requires_grad]
-    grads = [torch.randn_like(t) for t in outputs]
+    # As `kernelgate bench` feeds them: 1 for a scalar (a loss, as loss.backward() gives), random otherwise.
+    grads = [torch.ones_like(t) if t.dim() == 0 else torch.randn_like(t) for t in outputs]
     grad: Any = grads[0] if len(grads) == 1 else tuple(grads)
     plain = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
 
@@ -66,12 +67,13 @@ def _steps(
 
     def ops_only() -> Any:
         with torch.no_grad():
-            if declared.forward is not None:
-                output, *extras = declared.forward(*plain)
+            forward = declared.forward_op(plain)  # chosen per call, as the autograd Function does
+            if forward is not None:
+                output, *extras = forward(*plain)
+                kept = declared.kept(plain, tuple(extras), forward)
             else:
-                output, extras = op(*plain), []
-            saved = (*declared.save(plain, output), *extras)
-            return declared.grads(saved, grad)
+                output, kept = op(*plain), ()
+            return declared.grads((*declared.save(plain, output), *kept), grad)
 
     return {"kernelgate": through_autograd, "ops": ops_only}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -326,6 +327,75 @@ def test_a_backward_that_runs_a_kernel_keeps_the_function() -> None:
                 assert_close(torch.autograd.grad(y, x, g)[0], expected)
     finally:
         kernelgate.softmax_backward.set_mode(None)
+
+
+def _kernel_wins_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tuning times every Triton candidate at 1 us and the reference as it is: the (interpreted) kernel wins."""
+    real = kernelgate.selection.time_us
+
+    def timed(fn: Callable[[], object], device: torch.device, *, screen: bool = False) -> float:
+        return 1.0 if isinstance(fn, functools.partial) else real(fn, device, screen=screen)
+
+    monkeypatch.setattr(kernelgate.selection, "time_us", timed)
+
+
+@pytest.mark.parametrize("function_faster", [False, True])
+def test_a_backward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_step_is_faster(
+    monkeypatch: pytest.MonkeyPatch, function_faster: bool
+) -> None:
+    """A forward planned to the reference whose backward ran a kernel chosen by tuning: the next call times the step
+    both ways, once, and runs eager autograd unless the Function is faster by the tuning margin. The timing leaves the
+    inputs' gradients and the random state alone, and the gradients are torch's either way."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    timed: list[str] = []
+    if function_faster:
+
+        def step_us(forward: Callable[..., object], *args: object) -> float:
+            timed.append("eager" if forward is kernelgate.softmax.reference else "function")
+            return 100.0 if forward is kernelgate.softmax.reference else 10.0
+
+        monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
+    x = torch.randn(3, 40, requires_grad=True)
+    g = torch.randn(3, 40)
+    (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
+    kernelgate.softmax.set_mode("reference")
+    try:
+        with kernelgate.use_interpreter():
+            first = kernelgate.softmax(x, -1)
+            assert _is_kernelgate_function(first)
+            assert_close(torch.autograd.grad(first, x, g)[0], expected)
+            assert kernelgate.softmax_backward.plan(g, first.detach(), -1).path == "interpreter"
+            rng = torch.get_rng_state()
+            steps = [kernelgate.softmax(x, -1) for _ in range(3)]
+            assert torch.equal(torch.get_rng_state(), rng) and x.grad is None
+            for y in steps:
+                assert _is_kernelgate_function(y) == function_faster
+                assert_close(torch.autograd.grad(y, x, g)[0], expected)
+    finally:
+        kernelgate.softmax.set_mode(None)
+    # Timed once (the interpreted kernel's step is far slower than eager's where it is really timed).
+    assert timed == (["eager", "function"] if function_faster else [])
+
+
+def test_with_tuning_off_a_backward_kernel_keeps_the_function_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tuning off nothing is timed: the backward's untuned kernel keeps the Function."""
+    kernelgate.configure(warn_fallback=False, tune=False)
+
+    def never(*args: object) -> float:
+        raise AssertionError("the step was timed with tuning off")
+
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", never)
+    x = torch.randn(3, 40, requires_grad=True)
+    kernelgate.softmax.set_mode("reference")
+    try:
+        with kernelgate.use_interpreter():
+            for _ in range(3):
+                y = kernelgate.softmax(x, -1)
+                assert _is_kernelgate_function(y)
+                torch.autograd.grad(y, x, torch.ones_like(y))
+    finally:
+        kernelgate.softmax.set_mode(None)
 
 
 @pytest.mark.parametrize("setting", ["mode-triton", "mode-check", "log"])

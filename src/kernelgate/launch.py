@@ -83,8 +83,10 @@ class _CallState(threading.local):
     collect: list[Any] | None = None
     launches: list[tuple[str, tuple[int, ...], dict[str, Any]]] | None = None
     notes: list[str] | None = None
-    # Calls that ran a Triton implementation, on this thread: a backward compares it before and after.
+    # Calls that ran a Triton implementation, on this thread: a backward compares it before and after;
+    # of them, those in mode "triton" (asked for, not chosen by tuning).
     triton_runs: int = 0
+    forced_runs: int = 0
 
 
 call_state = _CallState()

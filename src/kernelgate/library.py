@@ -197,14 +197,16 @@ def _backward(op: Op, ctx: Any, grad_outputs: tuple[Any, ...]) -> tuple[Any, ...
     grad = grad_outputs[0] if len(grad_outputs) == 1 else grad_outputs
     needs = ctx.needs_input_grad
     overrides = ctx.kernelgate_overrides
-    triton_runs = call_state.triton_runs
+    triton_runs, forced_runs = call_state.triton_runs, call_state.forced_runs
     if overrides == current_overrides():  # the same modes here already (the usual case): no context switch
         grads = _grads(op, saved, grad, needs)
     else:
         with restore_overrides(overrides):
             grads = _grads(op, saved, grad, needs)
-    if ctx.kernelgate_route is not None:
-        ctx.kernelgate_route.backward_reference = call_state.triton_runs == triton_runs
+    route = ctx.kernelgate_route
+    if route is not None:
+        route.backward_reference = call_state.triton_runs == triton_runs
+        route.backward_forced = call_state.forced_runs != forced_runs
     return tuple(g if need else None for g, need in zip(grads, needs, strict=True))
 
 

@@ -49,7 +49,7 @@ from kernelgate.dispatch import (
 from kernelgate.errors import CacheWarning, DeclarationError, InputTypeError, TritonUnavailableError, user_stacklevel
 from kernelgate.launch import LazyKernel, Unsupported, call_state
 from kernelgate.library import Backward
-from kernelgate.selection import clone_args, tune
+from kernelgate.selection import clone_args, time_autograd_step, tune
 from kernelgate.settings import Mode, Settings, parse_mode, settings
 
 __all__ = ["HALF_AND_FLOAT", "Op", "TritonImpl", "get_op", "registered_ops"]
@@ -614,13 +614,49 @@ class Op:
         be tuned to its kernel while the forward is not (softmax's float32 rows of 128 to 1024 on the
         H200: the forward's kernel is within the tuning margin of eager's, the backward's is much faster),
         and eager autograd would forgo it.
+
+        Where that backward ran a kernel chosen by tuning (mode ``auto``), the two steps are timed once for
+        the signature (:meth:`_eager_step_is_faster`): the Function's host cost can outweigh what the
+        kernel saves (rms_norm forward+backward at 64x4096 on the H200: 592 us through the Function
+        against 148 for eager autograd, whose backward reference the kernel beat by 89 us). A backward
+        in mode ``triton`` keeps the Function, as asked.
         """
         route = self.forward_route(values)
         if route is None or route.run is not None or not route.reference_ok:
             return None
         if self.backward is not None and route.backward_reference is not True:
-            return None
+            if route.backward_reference is None or route.backward_forced:
+                return None
+            if route.eager_step is None:
+                route.eager_step = self._eager_step_is_faster(values)
+            if not route.eager_step:
+                return None
         return route
+
+    def _eager_step_is_faster(self, values: tuple[Any, ...]) -> bool | None:
+        """Whether eager autograd of the reference steps (forward, then backward) faster than kernelgate's Function
+        on these inputs, by more than the tuning margin; ``None`` where it cannot be timed now (a CUDA graph is
+        being captured: the next call decides).
+
+        Timed on the inputs themselves, detached (no ``.grad`` is touched, no random state drawn), with an
+        incoming gradient of ones. With tuning off nothing is timed: the Function keeps the backward's kernel.
+        """
+        current = _settings_module._current or settings()
+        if not current.tune:
+            return False
+        device = next(v.device for v in values if isinstance(v, torch.Tensor))
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        if self._function is None:
+            self._function = library.autograd_function(self)
+        leaves = tuple(
+            v.detach().requires_grad_() if isinstance(v, torch.Tensor) and v.requires_grad else v for v in values
+        )
+        wanted = [v for v in leaves if isinstance(v, torch.Tensor) and v.requires_grad]
+        eager_us, function_us = (
+            time_autograd_step(forward, leaves, wanted, device) for forward in (self.reference, self._function.apply)
+        )
+        return eager_us * (1 - current.tune_margin) <= function_us
 
     def forward_route(self, values: tuple[Any, ...]) -> _Route | None:
         """The memoised route of the forward of ``values`` as the Function runs it (without grad, through this
@@ -697,6 +733,8 @@ class Op:
         if current.log_path is None and mode != "check":
             if route.run is not None:
                 call_state.triton_runs += 1
+                if mode == "triton":
+                    call_state.forced_runs += 1
                 try:
                     if route.guard_index is None or route.guard_index == torch.cuda.current_device():
                         return route.run(*values)
@@ -715,6 +753,8 @@ class Op:
         log_path = current.log_path
         start = time.perf_counter() if log_path is not None else 0.0
         if plan.implementation is not None:
+            if mode == "triton":
+                call_state.forced_runs += 1
             expected = self._check_expected(values, current) if mode == "check" else None
             try:
                 result, launches, notes = self._run_triton(plan, values, log_path is not None)
@@ -895,7 +935,10 @@ MEMO_LIMIT = 4096
 class _Route:
     """A memoised plan with what the hot path needs precomputed."""
 
-    __slots__ = ("backward_reference", "fallback_key", "guard_index", "plan", "reference_ok", "run")
+    __slots__ = (
+        "backward_forced", "backward_reference", "eager_step", "fallback_key", "guard_index", "plan", "reference_ok",
+        "run",
+    )  # fmt: skip
 
     def __init__(self, op_name: str, plan: Plan) -> None:
         self.plan = plan
@@ -903,6 +946,11 @@ class _Route:
         # For a forward planned to the reference: whether its backward, through the Function, ran the
         # reference too (None until a backward has run).
         self.backward_reference: bool | None = None
+        # Whether that backward ran a kernel in mode "triton" (asked for, so the Function keeps it).
+        self.backward_forced = False
+        # Where it ran a kernel chosen by tuning: whether eager autograd of the reference steps faster than
+        # the Function (None until timed, see Op._eager_step_is_faster).
+        self.eager_step: bool | None = None
         self.fallback_key = fallback_key(op_name, plan) if plan.is_fallback else None
         impl, device = plan.implementation, plan.device
         self.run: Callable[..., Any] | None = None

@@ -182,6 +182,28 @@ def time_us(fn: Callable[[], object], device: torch.device, *, screen: bool = Fa
     return statistics.median(times)
 
 
+def time_autograd_step(
+    forward: Callable[..., Any], inputs: tuple[Any, ...], wanted: Sequence[torch.Tensor], device: torch.device
+) -> float:
+    """What one forward+backward step costs, in microseconds, as :func:`time_us` times a call: ``forward(*inputs)``
+    then ``torch.autograd.grad`` of its outputs that require grad, with respect to ``wanted``, for incoming
+    gradients of ones."""
+    outputs = [t for t in _output_tensors(forward(*inputs)) if t.requires_grad]
+    grads = [torch.ones_like(t) for t in outputs]
+
+    def step() -> object:
+        outs = [t for t in _output_tensors(forward(*inputs)) if t.requires_grad]
+        return torch.autograd.grad(outs, wanted, grads, allow_unused=True)
+
+    return time_us(step, device)
+
+
+def _output_tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [v for v in value if isinstance(v, torch.Tensor)] if isinstance(value, tuple | list) else []
+
+
 def bounded_by_host(fn: Callable[[], object], sync: Callable[[], object], device_us: float) -> float:
     """``device_us``, or the host time per call of ``fn`` where that is larger (calls back to back).
 

@@ -337,14 +337,9 @@ def _backward_launchers(into: bool) -> tuple[Any, Any]:
 
 
 def _impls(
-    single_block: Any,
-    looped: Any,
-    kernels: tuple[tuple[LazyKernel, ...], tuple[LazyKernel, ...]],
-    skip: int,
-    max_block: int = rowwise.MAX_SINGLE_BLOCK,
+    single_block: Any, looped: Any, kernels: tuple[tuple[LazyKernel, ...], tuple[LazyKernel, ...]], skip: int
 ) -> tuple[TritonImpl, TritonImpl]:
-    """A single-block implementation (rows of up to ``max_block`` classes) and a looped one; ``skip`` arguments
-    precede the logits."""
+    """A single-block and a looped implementation; ``skip`` arguments precede the logits."""
 
     def n_cols(*args: Any) -> int:
         return _n_cols(args[skip])
@@ -355,7 +350,7 @@ def _impls(
             single_block,
             kernels[0],
             dtypes=DTYPES,
-            supports=lambda *args: rowwise.fits_one_block(n_cols(*args), max_block),
+            supports=lambda *args: rowwise.fits_one_block(n_cols(*args)),
             configs=rowwise.SINGLE_BLOCK_CONFIGS,
             default_config=lambda *args: rowwise.single_block_default(n_cols(*args)),
             prune=lambda config, *args: rowwise.prune_single_block(config, n_cols(*args)),
@@ -455,7 +450,6 @@ cross_entropy_with_stats = Op(
         *_forward_launchers("stats"),
         ((CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE), (CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE)),
         skip=0,
-        max_block=rowwise.MAX_SINGLE_BLOCK_FORWARD,
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,
@@ -471,7 +465,6 @@ cross_entropy_with_grad = Op(
         *_forward_launchers("grad"),
         ((CROSS_ENTROPY_FWD_GRAD, CROSS_ENTROPY_BWD_SCALE, CROSS_ENTROPY_REDUCE),) * 2,
         skip=0,
-        max_block=rowwise.MAX_SINGLE_BLOCK_FORWARD,
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,
@@ -640,7 +633,6 @@ cross_entropy = Op(
         *_forward_launchers("loss"),
         ((CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE), (CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE)),
         skip=0,
-        max_block=rowwise.MAX_SINGLE_BLOCK_FORWARD,
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,

@@ -13,37 +13,38 @@ Memory traffic, for ``N x C`` logits of ``b`` bytes each:
 - forward: reads the logits once (``N*C*b``; rows whose target is ignored are not read) and writes
   ``N`` losses; with smoothing and ``weight`` it also reads the weights per row, from L2. ``"mean"``
   and ``"sum"`` add one program summing ``N`` float32 losses (and target weights).
-- forward+backward of ``"mean"`` and ``"sum"`` under eager autograd: the forward runs as
-  ``cross_entropy_with_grad``, whose program per row reads the row (ignored rows too, whose gradient
-  is 0, or NaN where torch's is) and writes its loss and its gradient for an incoming gradient of 1:
-  ``2*N*C*b`` in all for rows of up to 16384 classes, held in registers. A longer row is read twice,
-  once for its loss, maximum and log-sum and once to write the gradient: about ``3*N*C*b``. On the
-  H200 the second read costs about as much as the first even at 32000 classes (bf16 8192x32000:
-  424 us against 157 for the loss alone and 248 for a copy), and holding such a row in one block
-  instead was slower still (483 us).
-  ``"mean"`` first runs one program summing the ``N`` target weights, the gradient's divisor. The
-  backward (``cross_entropy_backward_into``) is one launch (two for ``"mean"``) whose programs read
-  the incoming gradient and return at once where it is 1, as for ``loss.backward()``: no pass over
-  memory. For another incoming gradient it computes the gradient again from the logits into the same
-  buffer, as the backward below does: that reads as much as scaling the saved gradient would, and
-  rounds a float16 or bfloat16 gradient once instead of twice. A second backward of the same graph
-  (``retain_graph=True``), a differentiated one (``create_graph=True``) and a traced call run the
-  backward below.
-- backward (of ``"none"``, and the cases just named): writes ``N*C*b``. A row of up to 16384 classes
-  is read once (held in registers). A longer row is read once too when the backward gets the
-  forward's row statistics (``stats``: each row's maximum and log-sum, 8 bytes a row), as under eager
-  autograd of ``"none"``, where the forward runs as ``cross_entropy_with_stats``; without them (a
+- forward+backward of ``"mean"`` and ``"sum"`` of float32 logits under eager autograd (2-byte logits run
+  as ``"none"`` does, below: on the H200 computing the gradient in the forward saved them no device
+  time, see ``FUSED_GRAD_MIN_BYTES``): the forward runs as ``cross_entropy_with_grad``, whose program
+  per row reads the row (ignored rows too, whose gradient is 0, or NaN where torch's is) and writes its
+  loss and its gradient for an incoming gradient of 1: ``2*N*C*b`` in all for rows of up to 16384
+  classes, held in registers. A longer row is read twice, once for its loss, maximum and log-sum and
+  once to write the gradient: about ``3*N*C*b``. On the H200 the second read costs about as much as the
+  first even at 32000 classes (bf16 8192x32000: 424 us against 157 for the loss alone and 248 for a
+  copy), and holding such a row in one block instead was slower still (483 us). ``"mean"`` first runs
+  one program summing the ``N`` target weights, the gradient's divisor. The backward
+  (``cross_entropy_backward_into``) is one launch (two for ``"mean"``) whose programs read the incoming
+  gradient and return at once where it is 1, as for ``loss.backward()``: no pass over memory. For
+  another incoming gradient it computes the gradient again from the logits into the same buffer, as the
+  backward below does: that reads as much as scaling the saved gradient would. A second backward of the
+  same graph (``retain_graph=True``), a differentiated one (``create_graph=True``) and a traced call run
+  the backward below.
+- backward (of ``"none"``, of 2-byte ``"mean"`` and ``"sum"``, and the cases just named): writes
+  ``N*C*b``. A row of up to 16384 classes is read once (held in registers). A longer row is read once
+  too when the backward gets the forward's row statistics (``stats``: each row's maximum and log-sum,
+  8 bytes a row), as under eager autograd of ``"none"`` and of 2-byte logits, where the forward runs
+  as ``cross_entropy_with_stats``; without them (a
   traced call, or a direct call without ``stats``) it is read twice, once for its log-sum-exp and
   once to write the gradient, so that backward moves about ``3*N*C*b`` instead of ``2*N*C*b`` for
   rows of 128K-256K classes. Ignored rows, which the forward does not read, are always read twice.
 
 Extra memory: ``N`` float32 per-row losses for ``"sum"``, and ``N`` more target weights for ``"mean"``;
-under eager autograd of ``"mean"`` and ``"sum"`` the gradient (``N*C*b``, the logits' dtype) is
-allocated in the forward and held until the backward hands it to autograd (the peak of a
-forward+backward step is the same, but the gradient lives from the forward on instead of from the
-backward on); under eager autograd of ``"none"``, ``2*N`` float32 statistics; one float32 in the
-backward of ``"mean"``; no float32 copy of the logits, no softmax buffer. The loss and the gradient
-of ``"mean"`` divide by a sum the device computes, and the backward reads the incoming gradient on
+under eager autograd of float32 ``"mean"`` and ``"sum"`` the gradient (``N*C*b``) is allocated in the
+forward and held until the backward hands it to autograd (the peak of a forward+backward step is the
+same, but the gradient lives from the forward on instead of from the backward on); under eager
+autograd of ``"none"`` and of 2-byte logits, ``2*N`` float32 statistics; one float32 in the backward
+of ``"mean"``; no float32 copy of the logits, no softmax buffer. The loss and the gradient of
+``"mean"`` divide by a sum the device computes, and the backward reads the incoming gradient on
 the device: nothing synchronises.
 
 A target outside ``[0, C)`` that is not ``ignore_index`` gives a NaN loss row and gradient row on the
@@ -557,14 +558,23 @@ def reset_incoming_gradient() -> None:
     _incoming_gradient = _IncomingGradient()
 
 
+# Bytes per logit from which the forward of a reduced loss computes its gradient (float32). On the H200
+# at 8192x32000 (benchmarks/results/h200: profile-2e948f3, verify-7a78c96, cross-entropy-d5b23b2), in
+# float32 the fused kernel took 574 to 595 us against 826 for the statistics path's kernels called
+# directly, and the step through autograd 604 us against 793; in bfloat16 it took 405 to 424 us
+# against 426 for the statistics path's four kernels (forward 151, backward 267): no device time
+# saved, while the step, bound by the host, took 706 to 845 us against 429.
+FUSED_GRAD_MIN_BYTES = 4
+
+
 def _forward_op(inputs: tuple[Any, ...]) -> Op:
-    """The forward eager autograd runs: with the gradient for a reduced (scalar) loss whose backward is
-    expected to get 1, else with the row statistics.
+    """The forward eager autograd runs: for a reduced (scalar) loss of float32 logits whose backward is
+    expected to get 1, with the gradient; else with the row statistics.
 
     Under eager autograd the logits are the only input that can require grad (a weight that does is
-    refused by _save), so the reduction and the incoming gradient alone decide.
+    refused by _save), so the reduction, the logits' dtype and the incoming gradient decide.
     """
-    if inputs[5] != "none" and _incoming_gradient.expected():
+    if inputs[5] != "none" and inputs[0].element_size() >= FUSED_GRAD_MIN_BYTES and _incoming_gradient.expected():
         return cross_entropy_with_grad
     return cross_entropy_with_stats
 
@@ -638,11 +648,11 @@ cross_entropy = Op(
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,
-    # Under eager autograd the forward of "mean" and "sum" is cross_entropy_with_grad: it writes the
-    # gradient for an incoming gradient of 1 (one read of the logits, one write), which the backward
-    # scales in place. That of "none" is cross_entropy_with_stats: each row's maximum and log-sum are
-    # kept (8 bytes a row), so the backward reads a long row once instead of twice. A traced call (the
-    # PyTorch operator) keeps only the inputs, and the backward recomputes from them.
+    # Under eager autograd the forward of float32 "mean" and "sum" is cross_entropy_with_grad: it writes
+    # the gradient for an incoming gradient of 1 (one read of the logits, one write), which the backward
+    # hands on. That of "none" and of 2-byte logits is cross_entropy_with_stats: each row's maximum and
+    # log-sum are kept (8 bytes a row), so the backward reads a long row once instead of twice. A traced
+    # call (the PyTorch operator) keeps only the inputs, and the backward recomputes from them.
     backward=Backward(save=_save, grads=_grads, forward=_forward_op, keep=_keep),
     make_inputs=_make_inputs,
 )

@@ -697,9 +697,16 @@ def test_first_calls_of_several_ops_add_up_in_an_all_ops_row(interpreted: list[b
     assert "| all ops |" not in only_one
 
 
-def test_cross_entropy_kernels_forward_backward_use_the_forward_with_grad(tmp_path: Path) -> None:
+def test_cross_entropy_kernels_forward_backward_use_the_forward_with_grad(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A triton:<name> forward+backward row of cross_entropy ("mean") runs that implementation of
-    cross_entropy_with_grad and hands its gradient to the backward, as eager autograd does; the row says so."""
+    cross_entropy_with_grad and hands its gradient to the backward, as eager autograd does (without grad: no
+    recomputing backward runs); the row says so."""
+    module = importlib.import_module("kernelgate.ops.cross_entropy")  # the package exports the op by that name
+    recomputed: list[bool] = []
+    real = module.cross_entropy_backward
+    monkeypatch.setattr(module, "cross_entropy_backward", lambda *a: recomputed.append(True) or real(*a))
     kernelgate.reload_settings({"KERNELGATE_CACHE_DIR": str(tmp_path / "cache")})
     suite = bench.Suite(("float32",), {"cross_entropy": (bench.ShapeGroup(shapes=((3, 20000),)),)})
     rows = bench.run(
@@ -708,3 +715,4 @@ def test_cross_entropy_kernels_forward_backward_use_the_forward_with_grad(tmp_pa
     direct = [r for r in rows if r.impl.startswith("triton:") and r.direction == "forward+backward"]
     assert direct and all(r.status == "ok" for r in direct), [(r.impl, r.status, r.note) for r in direct]
     assert all("its forward as cross_entropy_with_grad" in r.note for r in direct)
+    assert recomputed == [], "a triton row's backward recomputed the gradient its forward wrote"

@@ -326,6 +326,10 @@ def _triton_impl(
         grads = [_incoming_gradient(t) for t in outputs]
         grad: Any = grads[0] if len(grads) == 1 else tuple(grads)
 
+        # Without grad, as autograd runs a backward (without create_graph): a declared backward may take
+        # another path where its own result is to be differentiated (cross_entropy's recomputes the
+        # gradient instead of using the one its forward wrote, which doubled this row's time on the H200).
+        @torch.no_grad()
         def step() -> Any:
             if twin is None:
                 return declared.grads(declared.save(args, launch(*args)), grad)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On a GPU machine, in two parts that each fit one call:
-#   benchmarks/run_gpu.sh tests OUT   the test suite with the kernels compiled (WORKERS, 8), doctor,
-#                                     demo, tune, a second demo on the warm cache, overhead, memory,
-#                                     the autograd step's host cost (autograd_overhead, step conditions)
+#   benchmarks/run_gpu.sh tests OUT   the test suite with the kernels compiled (WORKERS, 8; TESTS: the
+#                                     paths or -k expression to run instead of all, e.g. "tests/test_ops.py")
+#   benchmarks/run_gpu.sh extras OUT  doctor, demo, tune, a second demo on the warm cache, overhead,
+#                                     memory, the autograd step's host cost (autograd_overhead, step
+#                                     conditions); the whole suite alone takes about 500 s of a call
 #   benchmarks/run_gpu.sh bench OUT   `kernelgate bench` over the default suite (QUICK=1: --quick), starting
 #                                     no case after TIME_LIMIT seconds (default 540, so one call fits 10
 #                                     minutes); RESUME=path/to/bench.csv continues that run (--resume)
@@ -26,10 +28,14 @@ deadline=$((SECONDS + ${BUDGET:-570}))
 # Runs a step with what is left of the budget, keeping 15 s for the packing.
 within_budget() { local left=$((deadline - SECONDS - 15)); [ "$left" -gt 0 ] && timeout --kill-after=5 "$left" "$@"; }
 if [ "$part" = tests ]; then
-  # -rfEs: the short summary names failures and errors, not only skips.
-  within_budget python3 -m pytest tests src -q -p no:cacheprovider -n "${WORKERS:-8}" -rfEs --durations=30 > "$out/pytest.log" 2>&1
+  # -rfEs: the short summary names failures and errors, not only skips; -v names each test's outcome as
+  # it happens, since a time limit may cut the run off before the summary.
+  # shellcheck disable=SC2086
+  within_budget python3 -m pytest ${TESTS:-tests src} -v -p no:cacheprovider -n "${WORKERS:-8}" -rfEs --durations=30 \
+    > "$out/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$out/pytest.log"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.log" | tail -25
+  grep -E "FAILED|ERROR|passed|failed" "$out/pytest.log" | tail -25
+elif [ "$part" = extras ]; then
   within_budget python3 benchmarks/overhead.py --out "$out/overhead.json" > "$out/overhead.txt" 2>&1
   within_budget python3 benchmarks/autograd_overhead.py --out "$out/autograd-overhead.json" > "$out/autograd-overhead.txt" 2>&1
   cat "$out/overhead.txt" "$out/autograd-overhead.txt"
@@ -56,6 +62,6 @@ elif [ "$part" = profile ]; then
       --out "$out/profile-$op-$shape-$dtype-${direction/+/-}.json" 2>&1 | grep -v "^USDT" | tee -a "$out/profile.txt"
   done
 else
-  echo "usage: benchmarks/run_gpu.sh tests|bench|profile [OUT]" >&2; exit 2
+  echo "usage: benchmarks/run_gpu.sh tests|extras|bench|profile [OUT]" >&2; exit 2
 fi
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"

@@ -664,8 +664,29 @@ def test_summary_counts_misses_per_op_with_their_causes(interpreted: list[bench.
     digest = text[text.index("## Targets missed") :]
     # Below the bandwidth target, behind eager (the best peer here), slower than eager: each named
     # by its cause, the autograd step.
-    assert f"| {base.op} | forward+backward | 1 | 1 | 1 | 0 | 3 | 0 | 0 |" in digest
+    assert f"| {base.op} | forward+backward | 1 | 1 | 1 | 0 | 3 | 0 | 0 | 0 |" in digest
     assert digest.index("| op | direction |") < digest.index("- ")
+
+
+def test_a_bandwidth_miss_where_no_implementation_reaches_the_target_says_so(
+    interpreted: list[bench.BenchRow], tmp_path: Path
+) -> None:
+    """Where every implementation measured at a case is below the bandwidth target, the miss names the best of them
+    and the digest counts it; where one reaches the target, the miss gives no such cause."""
+    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager")
+    eager = dataclasses.replace(base, regime="bandwidth", time_us=100.0, host_us=math.nan, frac_of_copy=0.45)
+    compiled = dataclasses.replace(eager, impl="compile", time_us=76.0, frac_of_copy=0.59)
+    ours = dataclasses.replace(eager, impl="kernelgate", time_us=71.0, frac_of_copy=0.63, note="auto: looped")
+    kernel = dataclasses.replace(ours, impl="triton:looped", note="")
+    (line,) = bench.misses([eager, compiled, ours, kernel])
+    assert line.endswith(
+        "0.63 of copy bandwidth (target 0.90); no implementation measured here reaches the target: "
+        "the best, kernelgate, reaches 0.63 of copy"
+    ), line
+    digest = bench.write_summary([eager, compiled, ours, kernel], tmp_path / "s.md").read_text()
+    assert f"| {base.op} | forward | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 1 |" in digest
+    fast_compile = dataclasses.replace(compiled, time_us=49.0, frac_of_copy=0.91)
+    assert all("no implementation" not in t for t in bench.misses([eager, fast_compile, ours, kernel]))
 
 
 def test_a_miss_on_the_reference_route_names_the_dispatch(interpreted: list[bench.BenchRow]) -> None:

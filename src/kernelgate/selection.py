@@ -32,7 +32,16 @@ from kernelgate.tolerance import assert_close, assert_close_normwise, magnitude,
 if TYPE_CHECKING:
     from kernelgate.op import Op, TritonImpl
 
-__all__ = ["CandidateResult", "Mismatch", "compare", "run_candidate", "time_us", "tune"]
+__all__ = [
+    "CandidateResult",
+    "Mismatch",
+    "compare",
+    "output_tensors",
+    "run_candidate",
+    "time_autograd_step",
+    "time_us",
+    "tune",
+]
 
 # Timing effort per candidate (milliseconds of warm-up and of measurement on the GPU).
 GPU_WARMUP_MS = 5
@@ -188,20 +197,20 @@ def time_autograd_step(
     """What one forward+backward step costs, in microseconds, as :func:`time_us` times a call: ``forward(*inputs)``
     then ``torch.autograd.grad`` of its outputs that require grad, with respect to ``wanted``, for incoming
     gradients of ones."""
-    outputs = [t for t in _output_tensors(forward(*inputs)) if t.requires_grad]
+    outputs = [t for t in output_tensors(forward(*inputs)) if t.requires_grad]
     grads = [torch.ones_like(t) for t in outputs]
 
     def step() -> object:
-        outs = [t for t in _output_tensors(forward(*inputs)) if t.requires_grad]
+        outs = [t for t in output_tensors(forward(*inputs)) if t.requires_grad]
         return torch.autograd.grad(outs, wanted, grads, allow_unused=True)
 
     return time_us(step, device)
 
 
-def _output_tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    return [v for v in value if isinstance(v, torch.Tensor)] if isinstance(value, tuple | list) else []
+def output_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors an op returned: itself, or those of a tuple or list."""
+    items = value if isinstance(value, tuple | list) else (value,)
+    return [t for t in items if isinstance(t, torch.Tensor)]
 
 
 def bounded_by_host(fn: Callable[[], object], sync: Callable[[], object], device_us: float) -> float:

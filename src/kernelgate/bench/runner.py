@@ -45,7 +45,7 @@ from kernelgate.config import Config
 from kernelgate.dispatch import use_interpreter, use_mode
 from kernelgate.errors import KernelgateWarning
 from kernelgate.op import Op, TritonImpl, get_op, registered_ops
-from kernelgate.selection import CandidateResult, run_candidate
+from kernelgate.selection import CandidateResult, output_tensors, run_candidate
 from kernelgate.settings import configure, settings
 
 __all__ = ["TIME_LIMIT_NOTE", "resolve_ops", "run"]
@@ -220,11 +220,6 @@ def _significant(value: float) -> float:
     return float(f"{value:.5g}")
 
 
-def _tensors(result: Any) -> list[torch.Tensor]:
-    items = result if isinstance(result, (tuple, list)) else (result,)
-    return [t for t in items if isinstance(t, torch.Tensor)]
-
-
 def case_args(
     spec: BenchSpec, dtype: torch.dtype, case: Case, device: torch.device
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -252,13 +247,13 @@ def _autograd_step(
 
     def make() -> Callable[[], Any]:
         wrt = [args[i] for i in grad_args if isinstance(args[i], torch.Tensor)]
-        outputs = [t for t in _tensors(fn(*args)) if t.requires_grad]
+        outputs = [t for t in output_tensors(fn(*args)) if t.requires_grad]
         if not outputs:
             raise RuntimeError("no output requires grad, so there is no backward to measure")
         grads = [_incoming_gradient(t) for t in outputs]
 
         def step() -> Any:
-            outs = [t for t in _tensors(fn(*args)) if t.requires_grad]
+            outs = [t for t in output_tensors(fn(*args)) if t.requires_grad]
             return torch.autograd.grad(outs, wrt, grads, allow_unused=True)
 
         return step
@@ -322,7 +317,7 @@ def _triton_impl(
         result.note += f"; forward+backward: its forward as {stats_op.name}"
 
     def make() -> Callable[[], Any]:
-        outputs = _tensors(launch(*args))
+        outputs = output_tensors(launch(*args))
         grads = [_incoming_gradient(t) for t in outputs]
         grad: Any = grads[0] if len(grads) == 1 else tuple(grads)
 

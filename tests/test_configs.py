@@ -30,11 +30,17 @@ CASES += [(forward, (2, 20000)) for forward, _ in ROWWISE] + [(backward, (11, 16
 CASES += [(forward, (2, MAX_SINGLE_BLOCK_FORWARD + 65)) for forward, _ in ROWWISE]
 
 
+# Forwards with a persistent implementation too (rows that fit one block).
+PERSISTENT = {"softmax"}
+
+
 def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
-    """single_block up to its limit (forwards go further than backwards); looped once a row exceeds 512
-    (its smallest block is 1024, and no block may be longer than the row rounded up to a power of two)."""
+    """single_block up to its limit (forwards go further than backwards), and persistent beside it where the op
+    has one; looped once a row exceeds 512 (its smallest block is 1024, and no block may be longer than the row
+    rounded up to a power of two)."""
     limit = MAX_SINGLE_BLOCK_FORWARD if op.name in FORWARDS else MAX_SINGLE_BLOCK
-    return ({"single_block"} if n_cols <= limit else set()) | ({"looped"} if n_cols > 512 else set())
+    one_block = {"single_block"} | ({"persistent"} if op.name in PERSISTENT else set())
+    return (one_block if n_cols <= limit else set()) | ({"looped"} if n_cols > 512 else set())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -32,6 +32,8 @@ __all__ = [
     "LOOPED_DEFAULT",
     "MAX_SINGLE_BLOCK",
     "MAX_SINGLE_BLOCK_FORWARD",
+    "PERSISTENT_CONFIGS",
+    "PERSISTENT_STAGE_BYTES",
     "ROW_BLOCK_CONFIGS",
     "SINGLE_BLOCK_CONFIGS",
     "along_dim_backward_impls",
@@ -43,7 +45,10 @@ __all__ = [
     "launch_rows",
     "looped_impl",
     "per_thread_ok",
+    "persistent_impl",
+    "persistent_programs",
     "prune_looped",
+    "prune_persistent",
     "prune_row_block",
     "prune_single_block",
     "row_block_default",
@@ -297,8 +302,11 @@ def _n_rows_along(*args: Any) -> int:
     return along_dim_rows(args[-2], args[-1])
 
 
-def along_dim_impls(single: LazyKernel, looped: LazyKernel) -> tuple[TritonImpl, TritonImpl]:
-    """``single_block`` and ``looped`` implementations of an op ``(x, dim) -> y`` from its two kernels."""
+def along_dim_impls(
+    single: LazyKernel, looped: LazyKernel, persistent: LazyKernel | None = None
+) -> tuple[TritonImpl, ...]:
+    """``single_block`` and ``looped`` implementations of an op ``(x, dim) -> y`` from its two kernels, and with
+    ``persistent`` a ``persistent`` one (see :func:`persistent_impl`)."""
 
     def launch_single(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
         return _run_along(x, dim, single, single_block(along_dim_length(x, dim)), config)
@@ -306,9 +314,71 @@ def along_dim_impls(single: LazyKernel, looped: LazyKernel) -> tuple[TritonImpl,
     def launch_looped(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
         return _run_along(x, dim, looped, config["BLOCK_N"], config)
 
-    return (
+    impls = (
         single_block_impl(launch_single, single, _n_cols_along, _n_rows_along, max_block=MAX_SINGLE_BLOCK_FORWARD),
         looped_impl(launch_looped, looped, _n_cols_along),
+    )
+    if persistent is None:
+        return impls
+
+    def launch_persistent(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
+        last = _is_last(x, dim)
+        moved = x if last else x.movedim(dim, -1)
+        rows = as_rows(moved, "x")
+        y = empty(moved.shape, dtype=x.dtype, device=x.device)
+        grid = (persistent_programs(x.device, rows.n_rows, config),)
+        launch(
+            persistent, grid, rows.tensor, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols,
+            BLOCK_N=single_block(rows.n_cols), NUM_STAGES=config["NUM_STAGES"], num_warps=config["num_warps"],
+        )  # fmt: skip
+        return y if last else y.movedim(-1, dim).contiguous()
+
+    return (*impls, persistent_impl(launch_persistent, persistent, _n_cols_along, lambda *args: args[-2]))
+
+
+# --- persistent programs: a fixed number of programs, each looping over rows --------------------------
+# For rows that fit one block. Each program takes rows pid, pid + programs, ... in a software-pipelined
+# loop: loads of the next NUM_STAGES - 1 rows are in flight (in shared memory) while a row is reduced
+# and stored. PER_SM programs per multiprocessor (two multiprocessors under the interpreter).
+
+PERSISTENT_CONFIGS = ConfigSpace(num_warps=(1, 2, 4, 8, 16, 32), NUM_STAGES=(1, 2, 3), PER_SM=(1, 2))
+# Shared memory the staged rows of one program may take (an SM of the H100/H200 has 228 KB).
+PERSISTENT_STAGE_BYTES = 160 * 1024
+
+
+def persistent_programs(device: torch.device, n_rows: int, config: Config) -> int:
+    """How many programs a persistent kernel launches: PER_SM per multiprocessor, at most one per row."""
+    sms = backend.multiprocessors(device) if device.type == "cuda" else 2
+    return max(1, min(n_rows, config["PER_SM"] * sms))
+
+
+def prune_persistent(config: Config, n_cols: int, element_size: int) -> bool:
+    """Whether a persistent configuration suits rows of ``n_cols`` elements of ``element_size`` bytes: no more
+    elements per thread than registers hold, and the rows staged ahead (all but the one being reduced) within
+    :data:`PERSISTENT_STAGE_BYTES`."""
+    block = single_block(n_cols)
+    staged = (config["NUM_STAGES"] - 1) * block * element_size
+    return per_thread_ok(block, config["num_warps"]) and staged <= PERSISTENT_STAGE_BYTES
+
+
+def persistent_impl(
+    launcher: Callable[..., Any], kernel: LazyKernel, n_cols: Callable[..., int], x: Callable[..., torch.Tensor]
+) -> TritonImpl:
+    """The ``persistent`` implementation of a row-wise forward; ``x(*args)`` is its input (for the element size)."""
+
+    def default(*args: Any) -> Config:
+        cols = n_cols(*args)
+        config = {"num_warps": _warps_that_fit(single_block(cols)), "NUM_STAGES": 2, "PER_SM": 2}
+        return config if prune_persistent(config, cols, x(*args).element_size()) else {**config, "NUM_STAGES": 1}
+
+    return TritonImpl(
+        "persistent",
+        launcher,
+        (kernel,),
+        supports=lambda *args: fits_one_block(n_cols(*args), MAX_SINGLE_BLOCK_FORWARD),
+        configs=PERSISTENT_CONFIGS,
+        default_config=default,
+        prune=lambda config, *args: prune_persistent(config, n_cols(*args), x(*args).element_size()),
     )
 
 

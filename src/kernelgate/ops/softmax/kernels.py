@@ -28,6 +28,26 @@ def _softmax_fwd_kernel(
 
 
 @triton.jit
+def _softmax_fwd_persistent_kernel(
+    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr
+):  # fmt: skip
+    """Softmax of rows that fit one block, by a fixed number of programs each taking every ``num_programs``-th row.
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (programs,), at most n_rows. BLOCK_N >= n_cols, a power of two.
+    The row loop is software-pipelined over NUM_STAGES rows: the loads of the next rows are in flight (staged
+    in shared memory) while a row is reduced and stored, where a program of :func:`_softmax_fwd_kernel`
+    waits for its one row. Each row is read once and written once; arithmetic in float32.
+    """
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        e = tl.exp(x - tl.max(x, axis=0))
+        y = e / tl.sum(e, axis=0)
+        tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def online_max_and_sum(x_row, n_cols, BLOCK_N: tl.constexpr):
     """The max of a row longer than one block and the sum of ``exp(x - max)``, in one pass over it.
 

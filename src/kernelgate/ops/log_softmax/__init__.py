@@ -17,6 +17,7 @@ __all__ = ["log_softmax", "log_softmax_backward"]
 _KERNELS = "kernelgate.ops.log_softmax.kernels"
 LOG_SOFTMAX_FWD = LazyKernel(_KERNELS, "_log_softmax_fwd_kernel")
 LOG_SOFTMAX_FWD_LOOPED = LazyKernel(_KERNELS, "_log_softmax_fwd_looped_kernel")
+LOG_SOFTMAX_FWD_PERSISTENT = LazyKernel(_KERNELS, "_log_softmax_fwd_persistent_kernel")
 LOG_SOFTMAX_BWD = LazyKernel(_KERNELS, "_log_softmax_bwd_kernel")
 LOG_SOFTMAX_BWD_LOOPED = LazyKernel(_KERNELS, "_log_softmax_bwd_looped_kernel")
 
@@ -46,7 +47,7 @@ log_softmax = Op(
     "log_softmax",
     reference=log_softmax_reference,
     args=(TensorArg("x"), DimArg("dim", of="x")),
-    implementations=rowwise.along_dim_impls(LOG_SOFTMAX_FWD, LOG_SOFTMAX_FWD_LOOPED),
+    implementations=rowwise.along_dim_impls(LOG_SOFTMAX_FWD, LOG_SOFTMAX_FWD_LOOPED, LOG_SOFTMAX_FWD_PERSISTENT),
     bucket=rowwise.along_dim_bucket,
     reduction_length=rowwise.along_dim_length,
     # The gradient needs only the output: dx = dy - exp(y) * sum(dy).

@@ -33,6 +33,25 @@ def _log_softmax_fwd_kernel(
 
 
 @triton.jit
+def _log_softmax_fwd_persistent_kernel(
+    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr
+):  # fmt: skip
+    """Log-softmax of rows that fit one block, by a fixed number of programs each taking every
+    ``num_programs``-th row in a software-pipelined loop (as softmax's persistent kernel; the arithmetic as
+    :func:`_log_softmax_fwd_kernel`'s).
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (programs,), at most n_rows. BLOCK_N >= n_cols, a power of two.
+    """
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        shifted = x - tl.max(x, axis=0)
+        y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))
+        tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _log_softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
     """Log-softmax of a row longer than one block: an online max-and-sum pass, then a writing pass.
 

@@ -214,14 +214,17 @@ def test_spec_of_an_unregistered_op_waits(monkeypatch: pytest.MonkeyPatch) -> No
 def test_run_measures_every_implementation(interpreted: list[bench.BenchRow]) -> None:
     """Each shape and direction has eager, compile, kernelgate and each Triton implementation (Liger-Kernel runs
     on GPUs only, so an interpreted run on the CPU has no liger row even where it is installed)."""
-    expected = {"eager", "compile", "kernelgate", "triton:single_block", "triton:looped"}
+    expected = {"eager", "compile", "kernelgate", "triton:single_block", "triton:looped", "triton:persistent"}
     for shape in ("4x1000", "2x1000"):
         for direction in ("forward", "forward+backward"):
             got = [r for r in interpreted if r.shape == shape and r.direction == direction]
             assert {r.impl for r in got} == expected, (shape, direction)
             assert all(r.status == "ok" and r.time_us > 0 for r in got), [(r.impl, r.note) for r in got]
     notes = {r.impl: r.note for r in interpreted}
-    chosen = r"(reference|single_block\[ROWS=\d+,num_warps=\d+\]|looped\[BLOCK_N=\d+,num_warps=\d+\])"
+    chosen = (
+        r"(reference|single_block\[ROWS=\d+,num_warps=\d+\]|looped\[BLOCK_N=\d+,num_warps=\d+\]"
+        r"|persistent\[NUM_STAGES=\d+,PER_SM=\d+,num_warps=\d+\])"
+    )
     decided = rf"auto: {chosen} \((tuned|cached|reference-faster)"
     assert re.match(decided, notes["kernelgate"]), notes["kernelgate"]
     assert "BLOCK_N=1024" in notes["triton:looped"] and "num_warps=" in notes["triton:single_block"]

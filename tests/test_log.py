@@ -132,14 +132,19 @@ def test_mode_triton_and_auto_fallback_rows(tmp_path: Path) -> None:
         with kernelgate.use_mode("triton"):
             kernelgate.softmax(torch.randn(2, 3))
         kernelgate.softmax(torch.randn(2, 3, dtype=torch.float64))
-    # Rows of 3 hold one block of 16, which only num_warps=1 fills, one or two (all) rows per
-    # program; the looped kernel is pruned.
+    # Rows of 3 hold one block of 16, which only num_warps=1 fills: single_block with one or two (all)
+    # rows per program, persistent with one to three stages and one or two programs per multiprocessor;
+    # the looped kernel is pruned.
     *tune_rows, winner_row, triton_row, fallback_row = rows_of(path)
-    assert [row["config"] for row in tune_rows] == ["ROWS=1,num_warps=1", "ROWS=2,num_warps=1"]
+    persistent = [f"NUM_STAGES={s},PER_SM={p},num_warps=1" for s in (1, 2, 3) for p in (1, 2)]
+    assert [(row["implementation"], row["config"]) for row in tune_rows] == [
+        ("single_block", "ROWS=1,num_warps=1"),
+        ("single_block", "ROWS=2,num_warps=1"),
+        *(("persistent", config) for config in persistent),
+    ]
     for tune_row in tune_rows:
-        assert {k: tune_row[k] for k in ("op", "implementation", "path", "reason", "mode")} == {
+        assert {k: tune_row[k] for k in ("op", "path", "reason", "mode")} == {
             "op": "softmax",
-            "implementation": "single_block",
             "path": "tune",
             "reason": "pass",
             "mode": "triton",
@@ -156,7 +161,7 @@ def test_mode_triton_and_auto_fallback_rows(tmp_path: Path) -> None:
     assert winner_row["reason"] == decision["reason"]
     assert float(winner_row["wall_us"]) == decision["reference_us"]
     assert (triton_row["mode"], triton_row["path"], triton_row["reason"]) == ("triton", "interpreter", "tuned")
-    assert triton_row["implementation"] == "single_block"
+    assert triton_row["implementation"] == decision["best_triton"]["implementation"]
     assert (fallback_row["mode"], fallback_row["path"], fallback_row["implementation"]) == (
         "auto",
         "reference",

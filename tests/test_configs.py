@@ -31,7 +31,7 @@ CASES += [(forward, (2, MAX_SINGLE_BLOCK_FORWARD + 65)) for forward, _ in ROWWIS
 
 
 # Forwards with a persistent implementation too (rows that fit one block).
-PERSISTENT = {"softmax", "log_softmax"}
+PERSISTENT = {"softmax", "log_softmax", "rms_norm"}
 
 
 def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:

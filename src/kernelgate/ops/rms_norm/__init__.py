@@ -17,6 +17,7 @@ __all__ = ["rms_norm", "rms_norm_backward"]
 # The kernels are imported on first launch: `import kernelgate` works without Triton.
 RMS_NORM_FWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_kernel")
 RMS_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_looped_kernel")
+RMS_NORM_FWD_PERSISTENT = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_persistent_kernel")
 RMS_NORM_BWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_kernel")
 RMS_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_looped_kernel")
 # Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
@@ -46,6 +47,21 @@ def _launch_single_block(
 
 def _launch_looped(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config) -> torch.Tensor:
     return _run_rows(x, weight, eps, RMS_NORM_FWD_LOOPED, config["BLOCK_N"], config)
+
+
+def _launch_persistent(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> torch.Tensor:
+    rows = as_rows(x, "x")
+    w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
+    y = empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
+    launch(
+        RMS_NORM_FWD_PERSISTENT, (rowwise.persistent_programs(x.device, rows.n_rows, config),), rows.tensor,
+        rows.tensor if w is None else w, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols, eps,
+        HAS_WEIGHT=w is not None, BLOCK_N=rowwise.single_block(rows.n_cols), NUM_STAGES=config["NUM_STAGES"],
+        num_warps=config["num_warps"],
+    )  # fmt: skip
+    return y
 
 
 def _bucket(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[int, int, bool, bool]:
@@ -166,6 +182,7 @@ rms_norm = Op(
             _launch_single_block, RMS_NORM_FWD, _row_length, _row_count, max_block=rowwise.MAX_SINGLE_BLOCK_FORWARD
         ),
         rowwise.looped_impl(_launch_looped, RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1]),
+        rowwise.persistent_impl(_launch_persistent, RMS_NORM_FWD_PERSISTENT, _row_length, lambda x, *_: x),
     ),
     bucket=_bucket,
     reduction_length=_row_length,

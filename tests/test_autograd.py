@@ -227,7 +227,8 @@ def _compiled_training_matches_reference(device: torch.device, width: int, tmp_p
     rows = list(csv.DictReader((tmp_path / "log.csv").open()))
     for name in ("softmax", "softmax_backward", "rms_norm", "rms_norm_backward"):
         ran = {r["implementation"] for r in rows if r["op"] == name and r["path"] in ("triton", "interpreter")}
-        assert ran & {"single_block", "looped"}, name
+        # Tuning may pick any of the op's implementations (on the GPU, persistent too); one of them ran.
+        assert ran and ran <= {i.name for i in kernelgate.get_op(name).implementations}, (name, ran)
     # The compiled graph calls the op's dispatch at run time: each batch size is planned with its own shape.
     shapes = {r["shapes"].split(";")[0] for r in rows if r["op"] == "softmax" and r["path"] != "tune"}
     assert shapes == {f"[8, {width}]", f"[12, {width}]"}, shapes

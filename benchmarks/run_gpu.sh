@@ -3,8 +3,9 @@
 #   benchmarks/run_gpu.sh tests OUT   the test suite with the kernels compiled (WORKERS, 8; TESTS: the
 #                                     paths or -k expression to run instead of all, e.g. "tests/test_ops.py")
 #   benchmarks/run_gpu.sh extras OUT  doctor, demo, tune, a second demo on the warm cache, overhead,
-#                                     memory, the autograd step's host cost (autograd_overhead, step
-#                                     conditions); the whole suite alone takes about 500 s of a call
+#                                     memory, the autograd step's host cost (autograd_overhead,
+#                                     autograd_threads, step conditions); the whole suite alone takes
+#                                     about 500 s of a call
 #   benchmarks/run_gpu.sh bench OUT   `kernelgate bench` over the default suite (QUICK=1: --quick), starting
 #                                     no case after TIME_LIMIT seconds (default 540, so one call fits 10
 #                                     minutes); RESUME=path/to/bench.csv continues that run (--resume)
@@ -38,7 +39,8 @@ if [ "$part" = tests ]; then
 elif [ "$part" = extras ]; then
   within_budget python3 benchmarks/overhead.py --out "$out/overhead.json" > "$out/overhead.txt" 2>&1
   within_budget python3 benchmarks/autograd_overhead.py --out "$out/autograd-overhead.json" > "$out/autograd-overhead.txt" 2>&1
-  cat "$out/overhead.txt" "$out/autograd-overhead.txt"
+  within_budget python3 benchmarks/autograd_threads.py --out "$out/autograd-threads.json" > "$out/autograd-threads.txt" 2>&1
+  cat "$out/overhead.txt" "$out/autograd-overhead.txt" "$out/autograd-threads.txt"
   within_budget python3 -m kernelgate doctor > "$out/doctor.txt" 2>&1
   ( time within_budget python3 -m kernelgate demo --log "$out/demo.csv" --repeats 50 ) > "$out/demo.txt" 2>&1
   ( time within_budget python3 -m kernelgate demo --log "$out/demo-warm.csv" --repeats 50 ) > "$out/demo-warm.txt" 2>&1

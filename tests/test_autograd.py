@@ -380,6 +380,83 @@ def test_a_backward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_st
     assert timed == (["eager", "function"] * kernelgate.op.STEP_ROUTE_ROUNDS if function_faster else [])
 
 
+@pytest.mark.parametrize("function_faster", [False, True])
+def test_a_forward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_step_is_faster(
+    monkeypatch: pytest.MonkeyPatch, function_faster: bool
+) -> None:
+    """A forward planned to a kernel by tuning: after the Function's first step the step is timed both ways, once
+    for the signature, and eager autograd runs unless the Function is faster by the tuning margin. Either way
+    the gradients are torch's, and the plan still names the kernel."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    timed: list[str] = []
+
+    def step_us(forward: Callable[..., object], *args: object) -> float:
+        eager = forward is kernelgate.softmax.reference
+        timed.append("eager" if eager else "function")
+        return (100.0 if eager else 10.0) if function_faster else (10.0 if eager else 100.0)
+
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
+    x = torch.randn(3, 40, requires_grad=True)
+    g = torch.randn(3, 40)
+    (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
+    with kernelgate.use_interpreter():
+        first = kernelgate.softmax(x, -1)
+        assert kernelgate.softmax.plan(x.detach(), -1).path == "interpreter"
+        assert _is_kernelgate_function(first)
+        assert _is_kernelgate_function(kernelgate.softmax(x, -1)), "the Function has not stepped yet"
+        assert timed == []
+        assert_close(torch.autograd.grad(first, x, g)[0], expected)
+        for _ in range(3):
+            y = kernelgate.softmax(x, -1)
+            assert _is_kernelgate_function(y) == function_faster
+            assert_close(torch.autograd.grad(y, x, g)[0], expected)
+        assert kernelgate.softmax.plan(x.detach(), -1).path == "interpreter"
+    assert timed == ["eager", "function"] * kernelgate.op.STEP_ROUTE_ROUNDS
+
+
+def test_a_forward_kernel_keeps_the_function_where_eager_autograd_runs_out_of_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the eager step runs out of memory while timed, the Function (which fits) is kept, with no error."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    timed: list[str] = []
+
+    def step_us(forward: Callable[..., object], *args: object) -> float:
+        if forward is kernelgate.softmax.reference:
+            timed.append("eager")
+            raise torch.OutOfMemoryError("eager step")
+        timed.append("function")
+        return 100.0
+
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
+    x = torch.randn(3, 40, requires_grad=True)
+    with kernelgate.use_interpreter():
+        for _ in range(3):
+            y = kernelgate.softmax(x, -1)
+            assert _is_kernelgate_function(y)
+            torch.autograd.grad(y, x, torch.ones_like(y))
+    assert timed == ["eager"]
+
+
+def test_with_tuning_off_a_forward_kernel_keeps_the_function_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tuning off, a forward planned to its kernel keeps the Function, and nothing is timed."""
+    kernelgate.configure(warn_fallback=False, tune=False)
+
+    def never(*args: object) -> float:
+        raise AssertionError("the step was timed with tuning off")
+
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", never)
+    x = torch.randn(3, 40, requires_grad=True)
+    with kernelgate.use_interpreter():
+        assert kernelgate.softmax.plan(x.detach(), -1).path == "interpreter"
+        for _ in range(3):
+            y = kernelgate.softmax(x, -1)
+            assert _is_kernelgate_function(y)
+            torch.autograd.grad(y, x, torch.ones_like(y))
+
+
 def test_with_tuning_off_a_backward_kernel_keeps_the_function_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
     """With tuning off nothing is timed: the backward's untuned kernel keeps the Function."""
     kernelgate.configure(warn_fallback=False, tune=False)

@@ -4,6 +4,7 @@ rows, extreme and non-finite logits, layouts, errors, gradients, configurations,
 from __future__ import annotations
 
 import csv
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -779,6 +780,31 @@ def test_out_of_range_target_on_the_gpu_gives_nan_without_a_device_assert() -> N
     torch.cuda.synchronize()
     assert_close(loss, reference, reduction_length=1000)
     assert loss[1:3].isnan().all() and loss[3] == 0
+
+
+def test_a_forward_kernel_keeps_the_function_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where tuning plans cross_entropy's forward to a kernel, autograd calls keep the Function and the step is never
+    timed against eager autograd, whose reference keeps float32 probabilities the size of the logits."""
+    kernelgate.configure(warn_fallback=False)
+    real = kernelgate.selection.time_us
+
+    def kernel_wins(fn: Callable[[], object], device: torch.device, *, screen: bool = False) -> float:
+        return 1.0 if isinstance(fn, functools.partial) else real(fn, device, screen=screen)
+
+    def never(*args: object) -> float:
+        raise AssertionError("the step was timed")
+
+    monkeypatch.setattr(kernelgate.selection, "time_us", kernel_wins)
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", never)
+    logits = torch.randn(4, 50, requires_grad=True)
+    labels = torch.tensor([1, IGNORE, 49, 0])
+    (expected,) = torch.autograd.grad(F.cross_entropy(logits, labels), logits)
+    with kernelgate.use_interpreter():
+        for _ in range(3):
+            loss = cross_entropy(logits, labels)
+            assert "KernelgateFunction" in type(loss.grad_fn).__name__
+            assert_close(torch.autograd.grad(loss, logits)[0], expected, reduction_length=54)
+        assert cross_entropy.plan(logits.detach(), labels).path == "interpreter"
 
 
 def test_a_forward_and_backward_planned_to_the_reference_run_eager_autograd_after_the_first_step() -> None:

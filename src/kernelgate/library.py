@@ -54,12 +54,17 @@ class Backward:
             the extra tensors that the op ``forward`` returned. A value that is not a tensor is kept as it is, outside
             autograd's saved tensors (no version-counter check, no saved-tensor hooks): for a tensor
             the backward consumes or modifies in place.
+        may_step_eagerly: whether eager autograd of the reference may replace the Function, where the
+            step timed both ways is faster, for a forward planned to a kernel (mode ``auto``, see
+            ``Op._reference_route``). ``False`` where the Function is there for memory as well as time:
+            cross_entropy's reference under autograd keeps float32 probabilities the size of the logits.
     """
 
     save: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
     grads: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
     forward: Op | Callable[[tuple[Any, ...]], Op | None] | None = None
     keep: Callable[[tuple[Any, ...], tuple[Any, ...], Op], tuple[Any, ...]] | None = None
+    may_step_eagerly: bool = True
 
     def forward_op(self, inputs: tuple[Any, ...]) -> Op | None:
         """The op eager autograd runs as the forward of ``inputs`` (``None``: the op itself)."""
@@ -157,12 +162,11 @@ def autograd_function(op: Op) -> Any:
         else:
             output, *extras = with_extras._call_untraced(args)
             _setup(op, ctx, args, output, declared.kept(args, tuple(extras), with_extras))
-        if op.backward is not None:
-            # A forward planned to the reference whose backward is not yet known to be: the backward
-            # records it, and from then on such calls run eager autograd (Op._reference_route).
-            route = op.forward_route(args)
-            if route is not None and route.reference_ok and route.backward_reference is None:
-                ctx.kernelgate_route = route
+        # The signature's first step through the Function: its backward records whether it ran a kernel,
+        # and from then on Op._reference_route decides between eager autograd and this Function.
+        route = op.forward_route(args)
+        if route is not None and route.backward_reference is None:
+            ctx.kernelgate_route = route
         return output
 
     def backward(ctx: Any, *grad_outputs: Any) -> Any:

@@ -595,9 +595,9 @@ class Op:
                 return self.torch_op(*values)
         route = self._reference_route(values)
         if route is not None:
-            # The forward of these inputs was planned to the reference: autograd through the
-            # reference itself is eager PyTorch's step, without the Function's host cost (about 80 us
-            # a step on the H200's host, several times a small kernel's time).
+            # Eager autograd of the reference: the same work as the Function where both passes run the
+            # reference, or a step timed faster than the Function's (whose host cost is 250 to 600 us a
+            # step on the H200's host, several times a small kernel's time).
             if route.fallback_key is not None:
                 count_fallback(route.fallback_key, route.plan, (_settings_module._current or settings()).warn_fallback)
             return self.reference(*values)
@@ -606,32 +606,34 @@ class Op:
         return self._function.apply(*values)
 
     def _reference_route(self, values: tuple[Any, ...]) -> _Route | None:
-        """The memoised route of the forward of ``values`` when that is a plain reference call and the
-        backward is too (eager autograd then does the same work with less host time); else ``None``.
+        """The memoised route of the forward of ``values`` where eager autograd of the reference should run
+        instead of kernelgate's Function (mode ``auto`` or ``reference``); else ``None``.
 
-        An op without a backward op differentiates its reference anyway. With one, the backward must
-        have run once through the Function and called no Triton implementation: the backward op may
-        be tuned to its kernel while the forward is not (softmax's float32 rows of 128 to 1024 on the
-        H200: the forward's kernel is within the tuning margin of eager's, the backward's is much faster),
-        and eager autograd would forgo it.
+        A forward planned to the reference whose backward is the reference too (an op without a backward
+        op differentiates its reference anyway; with one, its backward must have run once through the
+        Function and called no Triton implementation): eager autograd does the same work with less host time.
 
-        Where that backward ran a kernel chosen by tuning (mode ``auto``), the two steps are timed once for
-        the signature (:meth:`_eager_step_is_faster`): the Function's host cost can outweigh what the
-        kernel saves (rms_norm forward+backward at 64x4096 on the H200: 592 us through the Function
-        against 148 for eager autograd, whose backward reference the kernel beat by 89 us). A backward
-        in mode ``triton`` keeps the Function, as asked.
+        Where the forward or that backward ran a kernel chosen by tuning, the two steps are timed once for
+        the signature, after the Function's first step (:meth:`_eager_step_is_faster`), and eager autograd
+        runs only where it is faster. The Function's host cost can outweigh what the kernels save: on the
+        H200's host a Function step costs 250 to 600 us of host time (rms_norm forward+backward at 64x4096:
+        592 us through the Function against 148 for eager autograd; layer_norm float32 at 8192x1024, its
+        forward planned to a kernel: 991 against 129). Where the kernels' device time is the larger, the
+        Function wins the timing and keeps them. A backward in mode ``triton`` keeps the Function, as asked;
+        a forward in mode ``triton`` never gets here (:meth:`forward_route`).
         """
         route = self.forward_route(values)
-        if route is None or route.run is not None or not route.reference_ok:
+        if route is None:
             return None
-        if self.backward is not None and route.backward_reference is not True:
-            if route.backward_reference is None or route.backward_forced:
-                return None
-            if route.eager_step is None:
-                route.eager_step = self._eager_step_is_faster(values)
-            if not route.eager_step:
-                return None
-        return route
+        if route.reference_ok and (self.backward is None or route.backward_reference is True):
+            return route
+        if route.backward_reference is None or route.backward_forced:
+            return None
+        if not route.reference_ok and self.backward is not None and not self.backward.may_step_eagerly:
+            return None
+        if route.eager_step is None:
+            route.eager_step = self._eager_step_is_faster(values)
+        return route if route.eager_step else None
 
     def _eager_step_is_faster(self, values: tuple[Any, ...]) -> bool | None:
         """Whether eager autograd of the reference steps (forward, then backward) faster than kernelgate's Function
@@ -658,7 +660,10 @@ class Op:
         # 263 us against the Function's 231.
         eager_us = function_us = float("inf")
         for _ in range(STEP_ROUTE_ROUNDS):
-            eager_us = min(eager_us, time_autograd_step(self.reference, leaves, wanted, device))
+            try:
+                eager_us = min(eager_us, time_autograd_step(self.reference, leaves, wanted, device))
+            except torch.OutOfMemoryError:  # eager autograd does not fit where the Function does: keep it
+                return False
             function_us = min(function_us, time_autograd_step(self._function.apply, leaves, wanted, device))
         return eager_us * (1 - current.tune_margin) <= function_us
 

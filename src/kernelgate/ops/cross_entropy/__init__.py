@@ -652,7 +652,9 @@ cross_entropy = Op(
     # the gradient for an incoming gradient of 1 (one read of the logits, one write), which the backward
     # hands on. That of "none" and of 2-byte logits is cross_entropy_with_stats: each row's maximum and
     # log-sum are kept (8 bytes a row), so the backward reads a long row once instead of twice. A traced
-    # call (the PyTorch operator) keeps only the inputs, and the backward recomputes from them.
-    backward=Backward(save=_save, grads=_grads, forward=_forward_op, keep=_keep),
+    # call (the PyTorch operator) keeps only the inputs, and the backward recomputes from them. Eager
+    # autograd of the reference never replaces a kernel forward: it keeps float32 probabilities the size
+    # of the logits, which the Function exists to avoid.
+    backward=Backward(save=_save, grads=_grads, forward=_forward_op, keep=_keep, may_step_eagerly=False),
     make_inputs=_make_inputs,
 )

@@ -415,6 +415,59 @@ def test_a_forward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_ste
     assert timed == ["eager", "function"] * kernelgate.op.STEP_ROUTE_ROUNDS
 
 
+STEP_ROUTE_OPS = [
+    "softmax",
+    "log_softmax",
+    "rms_norm",
+    "layer_norm",
+    "add_rms_norm",
+    "swiglu",
+    "geglu",
+    "rotary_embedding",
+]
+
+
+@pytest.mark.parametrize("name", STEP_ROUTE_OPS)
+def test_every_op_with_a_forward_kernel_steps_both_ways_and_gives_torchs_gradients(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """For each op whose forward tuning plans to a kernel, the step timing runs both steps on the op's own inputs
+    (tuples of outputs, optional weights, non-tensor arguments), and the eager route it then takes gives the
+    gradients of torch's autograd of the reference."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    op = kernelgate.get_op(name)
+    stepped: list[str] = []
+
+    def step_us(
+        forward: Callable[..., object], inputs: tuple[object, ...], wanted: list[torch.Tensor], _: object
+    ) -> float:
+        outputs = [t for t in kernelgate.selection.output_tensors(forward(*inputs)) if t.requires_grad]
+        torch.autograd.grad(outputs, wanted, [torch.ones_like(t) for t in outputs], allow_unused=True)
+        stepped.append("eager" if forward is op.reference else "function")
+        return 10.0 if forward is op.reference else 100.0
+
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
+    assert op.make_inputs is not None
+    values = op.make_inputs(
+        (1, 4, 2, 1, 16) if name == "rotary_embedding" else (3, 40), torch.float32, torch.device("cpu")
+    )
+    x = values[0].requires_grad_()
+    # The outputs that depend on x (rotary_embedding's k_rot does not: only q requires grad here).
+    differentiable = [t.requires_grad for t in kernelgate.selection.output_tensors(op.reference(*values))]
+    outputs = [t for t in kernelgate.selection.output_tensors(op.reference(*values)) if t.requires_grad]
+    grads = [torch.randn_like(t) for t in outputs]
+    (expected,) = torch.autograd.grad(outputs, x, grads)
+    with kernelgate.use_interpreter():
+        for step in range(3):
+            got = [
+                t for t, d in zip(kernelgate.selection.output_tensors(op(*values)), differentiable, strict=True) if d
+            ]
+            assert _is_kernelgate_function(got[0]) == (step == 0), step
+            assert_close(torch.autograd.grad(got, x, grads)[0], expected)
+    assert stepped == ["eager", "function"] * kernelgate.op.STEP_ROUTE_ROUNDS
+
+
 def test_a_forward_kernel_keeps_the_function_where_eager_autograd_runs_out_of_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -493,8 +493,10 @@ def test_a_forward_kernel_keeps_the_function_where_eager_autograd_runs_out_of_me
     assert timed == ["eager"]
 
 
-def test_with_tuning_off_a_forward_kernel_keeps_the_function_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With tuning off, a forward planned to its kernel keeps the Function, and nothing is timed."""
+@pytest.mark.parametrize("kernel_in", ["forward", "backward"])
+def test_with_tuning_off_a_kernel_keeps_the_function_untimed(monkeypatch: pytest.MonkeyPatch, kernel_in: str) -> None:
+    """With tuning off nothing is timed: a forward planned to its kernel, or a backward's untuned kernel under a
+    reference forward, keeps the Function."""
     kernelgate.configure(warn_fallback=False, tune=False)
 
     def never(*args: object) -> float:
@@ -502,26 +504,11 @@ def test_with_tuning_off_a_forward_kernel_keeps_the_function_untimed(monkeypatch
 
     monkeypatch.setattr(kernelgate.op, "time_autograd_step", never)
     x = torch.randn(3, 40, requires_grad=True)
-    with kernelgate.use_interpreter():
-        assert kernelgate.softmax.plan(x.detach(), -1).path == "interpreter"
-        for _ in range(3):
-            y = kernelgate.softmax(x, -1)
-            assert _is_kernelgate_function(y)
-            torch.autograd.grad(y, x, torch.ones_like(y))
-
-
-def test_with_tuning_off_a_backward_kernel_keeps_the_function_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With tuning off nothing is timed: the backward's untuned kernel keeps the Function."""
-    kernelgate.configure(warn_fallback=False, tune=False)
-
-    def never(*args: object) -> float:
-        raise AssertionError("the step was timed with tuning off")
-
-    monkeypatch.setattr(kernelgate.op, "time_autograd_step", never)
-    x = torch.randn(3, 40, requires_grad=True)
-    kernelgate.softmax.set_mode("reference")
+    kernelgate.softmax.set_mode("reference" if kernel_in == "backward" else None)
     try:
         with kernelgate.use_interpreter():
+            expected_path = "reference" if kernel_in == "backward" else "interpreter"
+            assert kernelgate.softmax.plan(x.detach(), -1).path == expected_path
             for _ in range(3):
                 y = kernelgate.softmax(x, -1)
                 assert _is_kernelgate_function(y)

@@ -479,7 +479,7 @@ def test_a_forward_kernel_keeps_the_function_where_eager_autograd_runs_out_of_me
     def step_us(forward: Callable[..., object], *args: object) -> float:
         if forward is kernelgate.softmax.reference:
             timed.append("eager")
-            raise torch.OutOfMemoryError("eager step")
+            raise torch.cuda.OutOfMemoryError("eager step")
         timed.append("function")
         return 100.0
 

@@ -662,7 +662,7 @@ class Op:
         for _ in range(STEP_ROUTE_ROUNDS):
             try:
                 eager_us = min(eager_us, time_autograd_step(self.reference, leaves, wanted, device))
-            except torch.OutOfMemoryError:  # eager autograd does not fit where the Function does: keep it
+            except torch.cuda.OutOfMemoryError:  # eager autograd does not fit where the Function does: keep it
                 return False
             function_us = min(function_us, time_autograd_step(self._function.apply, leaves, wanted, device))
         return eager_us * (1 - current.tune_margin) <= function_us

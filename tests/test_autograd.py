@@ -304,6 +304,7 @@ def test_a_forward_and_backward_planned_to_the_reference_run_eager_autograd_afte
     assert_close(torch.autograd.grad(first, x, g)[0], expected)
     later = kernelgate.softmax(x, -1)
     assert later.grad_fn is not None and not _is_kernelgate_function(later)
+    assert kernelgate.softmax.step_route(x, -1).path == "eager"
     assert_close(torch.autograd.grad(later, x, g)[0], expected)
     counts = {r.op: r.count for r in kernelgate.fallbacks()}
     assert counts["softmax"] == 3, "every forward took the reference and was counted"
@@ -326,8 +327,10 @@ def test_a_backward_that_runs_a_kernel_keeps_the_function() -> None:
                 assert kernelgate.softmax.plan(x.detach(), -1).path == "reference"
                 assert _is_kernelgate_function(y)
                 assert_close(torch.autograd.grad(y, x, g)[0], expected)
+            route = kernelgate.softmax.step_route(x, -1)
     finally:
         kernelgate.softmax_backward.set_mode(None)
+    assert route.path == "function" and "mode triton" in route.detail
 
 
 def _kernel_wins_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -401,18 +404,24 @@ def test_a_forward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_ste
     g = torch.randn(3, 40)
     (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
     with kernelgate.use_interpreter():
+        assert kernelgate.softmax.step_route(x, -1).path == "undecided"
         first = kernelgate.softmax(x, -1)
         assert kernelgate.softmax.plan(x.detach(), -1).path == "interpreter"
         assert _is_kernelgate_function(first)
         assert _is_kernelgate_function(kernelgate.softmax(x, -1)), "the Function has not stepped yet"
         assert timed == []
         assert_close(torch.autograd.grad(first, x, g)[0], expected)
+        assert kernelgate.softmax.step_route(x, -1).path == "undecided", "timed by the next call"
         for _ in range(3):
             y = kernelgate.softmax(x, -1)
             assert _is_kernelgate_function(y) == function_faster
             assert_close(torch.autograd.grad(y, x, g)[0], expected)
         assert kernelgate.softmax.plan(x.detach(), -1).path == "interpreter"
+        route = kernelgate.softmax.step_route(x, -1)
     assert timed == ["eager", "function"] * kernelgate.op.STEP_ROUTE_ROUNDS
+    assert route.path == ("function" if function_faster else "eager")
+    assert (route.eager_us, route.function_us) == ((100.0, 10.0) if function_faster else (10.0, 100.0))
+    assert "timed once" in route.detail
 
 
 STEP_ROUTE_OPS = [
@@ -490,7 +499,9 @@ def test_a_forward_kernel_keeps_the_function_where_eager_autograd_runs_out_of_me
             y = kernelgate.softmax(x, -1)
             assert _is_kernelgate_function(y)
             torch.autograd.grad(y, x, torch.ones_like(y))
+        route = kernelgate.softmax.step_route(x, -1)
     assert timed == ["eager"]
+    assert route.path == "function" and "out of memory" in route.detail
 
 
 @pytest.mark.parametrize("kernel_in", ["forward", "backward"])
@@ -513,8 +524,10 @@ def test_with_tuning_off_a_kernel_keeps_the_function_untimed(monkeypatch: pytest
                 y = kernelgate.softmax(x, -1)
                 assert _is_kernelgate_function(y)
                 torch.autograd.grad(y, x, torch.ones_like(y))
+            route = kernelgate.softmax.step_route(x, -1)
     finally:
         kernelgate.softmax.set_mode(None)
+    assert route.path == "function" and "tuning is off" in route.detail
 
 
 @pytest.mark.parametrize("setting", ["mode-triton", "mode-check", "log"])
@@ -528,3 +541,6 @@ def test_the_function_is_kept_where_the_forward_is_not_a_plain_reference_call(se
         for _ in range(2):
             y = kernelgate.softmax(x, -1)
             assert _is_kernelgate_function(y)
+        route = kernelgate.softmax.step_route(x, -1)
+    assert route.path == "function"
+    assert ("a launch log is on" if setting == "log" else f"mode {mode}") in route.detail

@@ -805,6 +805,8 @@ def test_a_forward_kernel_keeps_the_function_untimed(monkeypatch: pytest.MonkeyP
             assert "KernelgateFunction" in type(loss.grad_fn).__name__
             assert_close(torch.autograd.grad(loss, logits)[0], expected, reduction_length=54)
         assert cross_entropy.plan(logits.detach(), labels).path == "interpreter"
+        route = cross_entropy.step_route(logits, labels)
+    assert route.path == "function" and "may_step_eagerly" in route.detail
 
 
 def test_a_forward_and_backward_planned_to_the_reference_run_eager_autograd_after_the_first_step() -> None:

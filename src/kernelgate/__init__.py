@@ -48,7 +48,7 @@ from kernelgate.launch import (
     num_warps_for,
 )
 from kernelgate.library import Backward
-from kernelgate.op import HALF_AND_FLOAT, Op, TritonImpl, get_op, registered_ops
+from kernelgate.op import HALF_AND_FLOAT, Op, StepRoute, TritonImpl, get_op, registered_ops
 from kernelgate.ops import (
     add_rms_norm,
     add_rms_norm_backward,
@@ -108,6 +108,7 @@ __all__ = [
     "Settings",
     "SettingsError",
     "ShapeArg",
+    "StepRoute",
     "TensorArg",
     "TritonImpl",
     "TritonUnavailableError",

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import hashlib
 import importlib
@@ -52,7 +53,7 @@ from kernelgate.library import Backward
 from kernelgate.selection import clone_args, time_autograd_step, tune
 from kernelgate.settings import Mode, Settings, parse_mode, settings
 
-__all__ = ["HALF_AND_FLOAT", "Op", "TritonImpl", "get_op", "registered_ops"]
+__all__ = ["HALF_AND_FLOAT", "Op", "StepRoute", "TritonImpl", "get_op", "registered_ops"]
 
 HALF_AND_FLOAT: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
 INT32_LIMIT = 2**31 - 1
@@ -625,17 +626,51 @@ class Op:
         route = self.forward_route(values)
         if route is None:
             return None
-        if route.reference_ok and (self.backward is None or route.backward_reference is True):
-            return route
-        if route.backward_reference is None or route.backward_forced:
-            return None
-        if not route.reference_ok and self.backward is not None and not self.backward.may_step_eagerly:
-            return None
-        if route.eager_step is None:
-            route.eager_step = self._eager_step_is_faster(values)
-        return route if route.eager_step else None
+        verdict = self._step_verdict(route)
+        if verdict is _StepVerdict.TIME:
+            route.eager_step = self._eager_step_is_faster(values, route)
+            verdict = _StepVerdict.TIMED
+        return (
+            route
+            if verdict is _StepVerdict.REFERENCE_BOTH or (verdict is _StepVerdict.TIMED and route.eager_step)
+            else None
+        )
 
-    def _eager_step_is_faster(self, values: tuple[Any, ...]) -> bool | None:
+    def _step_verdict(self, route: _Route) -> _StepVerdict:
+        """Where the autograd step of a memoised forward route stands (see :meth:`_reference_route`)."""
+        if route.reference_ok and (self.backward is None or route.backward_reference is True):
+            return _StepVerdict.REFERENCE_BOTH
+        if route.backward_reference is None:
+            return _StepVerdict.FIRST_STEP
+        if route.backward_forced:
+            return _StepVerdict.BACKWARD_FORCED
+        if not route.reference_ok and self.backward is not None and not self.backward.may_step_eagerly:
+            return _StepVerdict.KEPT_FOR_MEMORY
+        return _StepVerdict.TIME if route.eager_step is None else _StepVerdict.TIMED
+
+    def step_route(self, *args: Any, **kwargs: Any) -> StepRoute:
+        """How an eager autograd call with these arguments runs, as earlier calls of its signature decided:
+        through kernelgate's Function (its kernels, forward and backward) or eager autograd of the reference,
+        and why. Runs and times nothing; call it after a training step to see what the steps ran."""
+        values = self._bind(args, kwargs)
+        current = settings()
+        forward = (self.backward.forward_op(values) if self.backward is not None else None) or self
+        mode = effective_mode(forward.name, forward.mode, current.mode)
+        if current.log_path is not None:
+            return StepRoute("function", "a launch log is on: every autograd call runs kernelgate's Function")
+        if mode not in ("auto", "reference"):
+            return StepRoute("function", f"mode {mode}: every autograd call runs kernelgate's Function")
+        route = self.forward_route(values)
+        if route is None:
+            return StepRoute(
+                "undecided", "no autograd call of this signature yet: the first runs kernelgate's Function"
+            )
+        verdict = self._step_verdict(route)
+        if verdict is _StepVerdict.TIMED:
+            return StepRoute("eager" if route.eager_step else "function", route.step_detail, *route.step_us)
+        return StepRoute(_STEP_VERDICT_PATH[verdict], verdict.value)
+
+    def _eager_step_is_faster(self, values: tuple[Any, ...], route: _Route) -> bool | None:
         """Whether eager autograd of the reference steps (forward, then backward) faster than kernelgate's Function
         on these inputs, by more than the tuning margin; ``None`` where it cannot be timed now (a CUDA graph is
         being captured: the next call decides).
@@ -645,6 +680,7 @@ class Op:
         """
         current = _settings_module._current or settings()
         if not current.tune:
+            route.step_detail = "tuning is off: kernelgate's Function keeps its kernels, untimed"
             return False
         device = next(v.device for v in values if isinstance(v, torch.Tensor))
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -663,9 +699,16 @@ class Op:
             try:
                 eager_us = min(eager_us, time_autograd_step(self.reference, leaves, wanted, device))
             except torch.cuda.OutOfMemoryError:  # eager autograd does not fit where the Function does: keep it
+                route.step_detail = "eager autograd ran out of memory while timed: kernelgate's Function is kept"
                 return False
             function_us = min(function_us, time_autograd_step(self._function.apply, leaves, wanted, device))
-        return eager_us * (1 - current.tune_margin) <= function_us
+        eager = eager_us * (1 - current.tune_margin) <= function_us
+        route.step_us = (eager_us, function_us)
+        route.step_detail = (
+            f"timed once: a step through eager autograd {eager_us:.1f} us, through kernelgate's Function "
+            f"{function_us:.1f} us (tuning margin {current.tune_margin:.0%})"
+        )
+        return eager
 
     def forward_route(self, values: tuple[Any, ...]) -> _Route | None:
         """The memoised route of the forward of ``values`` as the Function runs it (without grad, through this
@@ -943,12 +986,48 @@ MEMO_LIMIT = 4096
 STEP_ROUTE_ROUNDS = 3
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRoute:
+    """How eager autograd calls of one signature run (:meth:`Op.step_route`).
+
+    Attributes:
+        path: ``"function"`` (kernelgate's Function, its kernels), ``"eager"`` (eager autograd of the
+            reference) or ``"undecided"`` (the next autograd calls decide).
+        detail: why, in a sentence.
+        eager_us, function_us: the timed steps, where the decision was timed.
+    """
+
+    path: str
+    detail: str
+    eager_us: float | None = None
+    function_us: float | None = None
+
+
+class _StepVerdict(enum.Enum):
+    REFERENCE_BOTH = "the forward and its backward both run the reference: eager autograd does the same work"
+    FIRST_STEP = "the Function's first step has not run its backward yet; the next autograd call decides"
+    BACKWARD_FORCED = "the backward runs in mode triton: kernelgate's Function keeps its kernel"
+    KEPT_FOR_MEMORY = "the op keeps its Function under a kernel forward (Backward(may_step_eagerly=False))"
+    TIME = "the next autograd call times the step both ways"
+    TIMED = "timed once for the signature"
+
+
+# The path each verdict that needs no timing gives (TIMED reads the route's timing).
+_STEP_VERDICT_PATH = {
+    _StepVerdict.REFERENCE_BOTH: "eager",
+    _StepVerdict.FIRST_STEP: "undecided",
+    _StepVerdict.BACKWARD_FORCED: "function",
+    _StepVerdict.KEPT_FOR_MEMORY: "function",
+    _StepVerdict.TIME: "undecided",
+}
+
+
 class _Route:
     """A memoised plan with what the hot path needs precomputed."""
 
     __slots__ = (
         "backward_forced", "backward_reference", "eager_step", "fallback_key", "guard_index", "plan", "reference_ok",
-        "run",
+        "run", "step_detail", "step_us",
     )  # fmt: skip
 
     def __init__(self, op_name: str, plan: Plan) -> None:
@@ -962,6 +1041,9 @@ class _Route:
         # Where it ran a kernel chosen by tuning: whether eager autograd of the reference steps faster than
         # the Function (None until timed, see Op._eager_step_is_faster).
         self.eager_step: bool | None = None
+        # What decided eager_step, for Op.step_route: the two steps' times, and a sentence.
+        self.step_us: tuple[float, float] | tuple[()] = ()
+        self.step_detail = ""
         self.fallback_key = fallback_key(op_name, plan) if plan.is_fallback else None
         impl, device = plan.implementation, plan.device
         self.run: Callable[..., Any] | None = None

@@ -228,6 +228,11 @@ def test_run_measures_every_implementation(interpreted: list[bench.BenchRow]) ->
     decided = rf"auto: {chosen} \((tuned|cached|reference-faster)"
     assert re.match(decided, notes["kernelgate"]), notes["kernelgate"]
     assert "BLOCK_N=1024" in notes["triton:looped"] and "num_warps=" in notes["triton:single_block"]
+    # The forward+backward row says which path the timed autograd steps took; the forward row has no step.
+    for r in interpreted:
+        if r.impl == "kernelgate":
+            stepped = re.search(r"; autograd step: (function|eager|undecided): \w", r.note)
+            assert (stepped is not None) == (r.direction == "forward+backward"), r.note
 
 
 def test_run_rows_carry_bytes_regime_and_provenance(interpreted: list[bench.BenchRow]) -> None:

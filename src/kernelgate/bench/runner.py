@@ -552,6 +552,10 @@ class _Runner:
                         # The steady state of a training loop, reported beside the do_bench time.
                         result["host_us"] = _host_us(step, device, max(1, self.timing.host_calls // 4))
                     result["peak_mib"] = _peak_mib(step, device)
+                    if name == "kernelgate" and direction == FORWARD_BACKWARD:
+                        # Which path the timed steps took after the first: the Function or eager autograd.
+                        route = op.step_route(*bwd_args)
+                        result["note"] = f"{result['note']}; autograd step: {route.path}: {route.detail}"
                 except Exception as err:
                     result["note"] = f"{result['note']}; host cost or memory not measured: {type(err).__name__}: {err}"
                     self._free()

@@ -53,7 +53,11 @@ elif [ "$part" = extras ]; then
   tail -n 12 "$out/demo-warm.txt"; cat "$out/memory.txt" "$out/step-conditions.txt"
 elif [ "$part" = bench ]; then
   mkdir -p "$out/bench"
-  if [ -n "${RESUME:-}" ]; then cp "$RESUME" "$out/bench/bench.csv"; fi
+  # The calls already made (runs.json beside the CSV) go with it, so the summary's run time adds them up.
+  if [ -n "${RESUME:-}" ]; then
+    cp "$RESUME" "$out/bench/bench.csv"
+    if [ -f "$(dirname "$RESUME")/runs.json" ]; then cp "$(dirname "$RESUME")/runs.json" "$out/bench/runs.json"; fi
+  fi
   ( time within_budget python3 -m kernelgate bench ${QUICK:+--quick} ${RESUME:+--resume} --time-limit "${TIME_LIMIT:-540}" \
       --out "$out/bench" ${BENCH_ARGS:-} ) > "$out/bench.txt" 2>&1
   tail -n 60 "$out/bench.txt"

@@ -672,7 +672,7 @@ def test_summary_counts_misses_per_op_with_their_causes(interpreted: list[bench.
     digest = text[text.index("## Targets missed") :]
     # Below the bandwidth target, behind eager (the best peer here), slower than eager: each named
     # by its cause, the autograd step.
-    assert f"| {base.op} | forward+backward | 1 | 1 | 1 | 0 | 3 | 0 | 0 | 0 |" in digest
+    assert f"| {base.op} | forward+backward | 1 | 1 | 1 | 0 | 3 | 0 | 0 | 0 | 0 |" in digest
     assert digest.index("| op | direction |") < digest.index("- ")
 
 
@@ -692,7 +692,7 @@ def test_a_bandwidth_miss_where_no_implementation_reaches_the_target_says_so(
         "the best, kernelgate, reaches 0.63 of copy"
     ), line
     digest = bench.write_summary([eager, compiled, ours, kernel], tmp_path / "s.md").read_text()
-    assert f"| {base.op} | forward | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 1 |" in digest
+    assert f"| {base.op} | forward | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 1 |" in digest
     fast_compile = dataclasses.replace(compiled, time_us=49.0, frac_of_copy=0.91)
     assert all("no implementation" not in t for t in bench.misses([eager, fast_compile, ours, kernel]))
 
@@ -711,6 +711,48 @@ def test_a_miss_on_the_reference_route_names_the_dispatch(interpreted: list[benc
     fallback = dataclasses.replace(ours, note="auto: reference (dtype-unsupported: float64); planned in 1 ms")
     texts = bench.misses([eager, fallback])
     assert len(texts) == 2 and not any("dispatch" in t for t in texts), texts
+
+
+def test_forward_backward_misses_name_the_path_the_steps_took(
+    interpreted: list[bench.BenchRow], tmp_path: Path
+) -> None:
+    """A forward+backward row's note names the path its steps took. Eager autograd: the miss is eager's step plus
+    kernelgate's dispatch, even where the kernels alone are much faster. The Function, kept by a timing that found
+    it faster, yet measured slower than eager: the slower-than-eager miss gives both timings, while the bandwidth
+    miss keeps the autograd step as its cause."""
+    base = next(r for r in interpreted if r.direction == "forward+backward" and r.impl == "eager")
+    eager = dataclasses.replace(base, regime="bandwidth", time_us=100.0, host_us=math.nan, frac_of_copy=0.5)
+    kernels = dataclasses.replace(eager, impl="triton:looped", time_us=40.0, frac_of_copy=0.95, note="")
+    planned = "auto: looped[BLOCK_N=1024,num_warps=4] (tuned); planned in 9 ms"
+    eager_step = "autograd step: eager: timed once: a step through eager autograd 101.0 us, through kernelgate's "
+    eager_step += "Function 180.0 us (tuning margin 5%)"
+    ours = dataclasses.replace(
+        eager, impl="kernelgate", time_us=110.0, frac_of_copy=0.45, note=f"{planned}; {eager_step}"
+    )
+    texts = bench.misses([eager, ours, kernels])  # below the bandwidth target, behind eager, slower than eager
+    assert len(texts) == 3, texts
+    suffix = f"its steps ran eager autograd of the reference ({eager_step.removeprefix('autograd step: eager: ')}), "
+    assert all(f"; {suffix}so the step is eager's plus kernelgate's dispatch: +10.0 us" in t for t in texts), texts
+    assert not any("most of the step is the autograd step" in t for t in texts)
+
+    function_step = "autograd step: function: timed once: a step through eager autograd 100.5 us, through "
+    function_step += "kernelgate's Function 90.0 us (tuning margin 5%)"
+    kept = dataclasses.replace(ours, time_us=150.0, frac_of_copy=0.33, note=f"{planned}; {function_step}")
+    texts = bench.misses([eager, kept, kernels])
+    (slower,) = [t for t in texts if "slower than eager" in t]
+    assert slower.endswith(
+        "; its step was timed once through kernelgate's Function at 90.0 us against eager autograd's 100.5 us, "
+        "so the Function was kept, but measured here it took 150.0 us: the Function's host time varies from "
+        "step to step"
+    ), slower
+    (bandwidth,) = [t for t in texts if "of copy bandwidth" in t]
+    assert "most of the step is the autograd step (host time), not the kernels" in bandwidth, bandwidth
+    digest = bench.write_summary([eager, kept, kernels], tmp_path / "summary.md").read_text()
+    assert f"| {base.op} | forward+backward | 1 | 1 | 1 | 0 | 2 | 0 | 0 | 1 | 0 |" in digest
+
+    # A Function step kept without timing (tuning off, a forced backward): no timing to name.
+    untimed = dataclasses.replace(kept, note=f"{planned}; autograd step: function: tuning is off: kept")
+    assert not any("timed once" in t for t in bench.misses([eager, untimed, kernels]))
 
 
 def test_first_calls_of_several_ops_add_up_in_an_all_ops_row(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import csv
 import dataclasses
 import json
 import math
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -300,15 +301,76 @@ def _find_misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[_
                     f"{targets.host_over_triton_us:g} us over a direct Triton launch ({min(direct):.1f} us)",
                 )
             )
-        cause, clause = _autograd_gap(ours, by_impl, floor) if direction == FORWARD_BACKWARD else ("", "")
-        if not cause:
+        step = _step_path(ours.note) if direction == FORWARD_BACKWARD else None
+        cause, clause = ("", "")
+        if step is not None and step.path == "eager":
+            cause, clause = _eager_step_cause(ours, eager, step)
+        if not cause and direction == FORWARD_BACKWARD:
+            cause, clause = _autograd_gap(ours, by_impl, floor)
+        if not cause and (step is None or step.path == "eager"):  # a Function step ran no eager autograd
             cause, clause = _reference_cause(ours, eager)
         if not cause and ours.regime == "bandwidth":
             cause, clause = _field_cause(by_impl, floor)
         if direction == FORWARD_BACKWARD and ours.regime == "bandwidth":
             clause += _steady_state(ours, by_impl)
-        found += [_Miss(op, dtype, direction, shape, target, cause, text + clause) for target, text in here]
+        # Slower than eager after a timing chose the Function: that timing is the cause of this target.
+        timed = _timed_function_cause(ours, step)
+        for target, text in here:
+            if target == "eager" and timed[0]:
+                found.append(_Miss(op, dtype, direction, shape, target, timed[0], text + timed[1]))
+            else:
+                found.append(_Miss(op, dtype, direction, shape, target, cause, text + clause))
     return found
+
+
+@dataclasses.dataclass(frozen=True)
+class _StepPath:
+    """The path kernelgate's forward+backward steps took, as its row's note says (``Op.step_route``)."""
+
+    path: str  # "function", "eager" or "undecided"
+    detail: str
+    eager_us: float = math.nan  # the timed steps, where the path was timed
+    function_us: float = math.nan
+
+
+_STEP_NOTE = re.compile(r"; autograd step: (function|eager|undecided): (.*)$")
+_STEP_TIMES = re.compile(r"eager autograd ([0-9.]+) us, through kernelgate's Function ([0-9.]+) us")
+
+
+def _step_path(note: str) -> _StepPath | None:
+    """The step path named in a kernelgate forward+backward row's note; ``None`` where the note names none
+    (rows written before the bench recorded it)."""
+    found = _STEP_NOTE.search(note)
+    if found is None:
+        return None
+    times = _STEP_TIMES.search(found.group(2))
+    if times is None:
+        return _StepPath(found.group(1), found.group(2))
+    return _StepPath(found.group(1), found.group(2), float(times.group(1)), float(times.group(2)))
+
+
+def _eager_step_cause(ours: BenchRow, eager: BenchRow | None, step: _StepPath) -> tuple[str, str]:
+    """A forward+backward miss whose steps ran eager autograd of the reference: the step is eager's plus
+    kernelgate's dispatch (counted with the reference's cause)."""
+    if eager is None:
+        return "", ""
+    extra = effective_us(ours) - effective_us(eager)
+    return "reference", (
+        f"; its steps ran eager autograd of the reference ({step.detail}), so the step is eager's plus "
+        f"kernelgate's dispatch: {extra:+.1f} us"
+    )
+
+
+def _timed_function_cause(ours: BenchRow, step: _StepPath | None) -> tuple[str, str]:
+    """Where the step was timed once and kernelgate's Function kept, but measured here slower than eager:
+    ``("timed", clause)`` with both timings; else ``("", "")``."""
+    if step is None or step.path != "function" or math.isnan(step.function_us):
+        return "", ""
+    return "timed", (
+        f"; its step was timed once through kernelgate's Function at {step.function_us:.1f} us against eager "
+        f"autograd's {step.eager_us:.1f} us, so the Function was kept, but measured here it took "
+        f"{effective_us(ours):.1f} us: the Function's host time varies from step to step"
+    )
 
 
 def _miss_digest(found: Sequence[_Miss]) -> list[str]:
@@ -322,18 +384,21 @@ def _miss_digest(found: Sequence[_Miss]) -> list[str]:
         if m.cause:
             row["cause:" + m.cause] = row.get("cause:" + m.cause, 0) + 1
     columns = (
-        "bandwidth", "peer", "eager", "host", "cause:autograd", "cause:kernels", "cause:reference", "cause:field"
+        "bandwidth", "peer", "eager", "host",
+        "cause:autograd", "cause:kernels", "cause:reference", "cause:timed", "cause:field",
     )  # fmt: skip
     lines = [
-        "Misses per op and direction (a case can miss several targets). The last four columns count the "
+        "Misses per op and direction (a case can miss several targets). The last five columns count the "
         "misses whose cause the run shows: the autograd step (the op's kernels called without autograd take at "
         "most half of the step), kernels that are themselves short of the target, the reference chosen "
-        "(faster than the Triton kernels there), whose call is eager's plus kernelgate's dispatch, or no "
-        "implementation measured at the case reaching the bandwidth target.",
+        "(faster than the Triton kernels there, or eager autograd chosen for the step), whose call is eager's "
+        "plus kernelgate's dispatch, a step timed faster through kernelgate's Function once but slower than "
+        "eager when measured, or no implementation measured at the case reaching the bandwidth target.",
         "",
         "| op | direction | below bandwidth target | behind best peer | slower than eager | host cost | "
-        "cause: autograd step | cause: kernels short | cause: reference + dispatch | cause: none reaches it |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "cause: autograd step | cause: kernels short | cause: reference + dispatch | cause: step timed faster | "
+        "cause: none reaches it |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (op, direction), row in counts.items():
         lines.append(f"| {op} | {direction} | " + " | ".join(str(row.get(c, 0)) for c in columns) + " |")

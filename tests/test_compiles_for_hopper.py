@@ -1,0 +1,70 @@
+"""Every built-in kernel compiles for an H100/H200-class GPU (sm_90), here on the CPU.
+
+Triton's interpreter, which runs the kernels in the other CPU tests, accepts programs its compiler would
+reject (a non-constant where a compile-time value is needed, a layout the backend cannot lower). Here a
+compile-only driver names sm_90, and each implementation's untuned configuration goes through Triton's
+real compiler, ptxas included, without a GPU. On a GPU the compiled tests cover this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelgate import compile_ahead
+from kernelgate.launch import call_state
+from kernelgate.op import Op
+from kernelgate.ops import BUILTIN_OPS
+from kernelgate.selection import run_candidate
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the compiled tests cover this")
+
+# A row that needs masks everywhere, and one that is a power of two (whole blocks).
+SHAPES = [(3, 100), (2, 4096)]
+
+
+@pytest.fixture
+def hopper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Triton compiling for sm_90 into a fresh cache, with no GPU."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    assert Path(triton.knobs.cache.dir) == cache
+    saved = driver._active
+    driver.set_active(compile_ahead._CompileOnlyDriver(GPUTarget("cuda", 90, 32)))  # type: ignore[arg-type]
+    try:
+        yield cache
+    finally:
+        driver._active = saved
+
+
+def _cubins(cache: Path) -> set[Path]:
+    return set(cache.rglob("*.cubin")) if cache.exists() else set()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("op", [op for op in BUILTIN_OPS if op.make_inputs is not None], ids=lambda op: op.name)
+def test_every_implementation_compiles_for_sm90(hopper: Path, op: Op, shape: tuple[int, ...]) -> None:
+    """Each implementation that accepts the shape compiles its kernels at its untuned configuration, in bf16 (the
+    narrowest type the kernels convert from); every launch leaves a new cubin in the cache."""
+    assert op.make_inputs is not None
+    values = op.make_inputs(shape, torch.bfloat16, torch.device("cpu"))
+    compiled = 0
+    for impl in op.implementations:
+        if impl.supports is not None and impl.supports(*values) is not None:
+            continue
+        before = _cubins(hopper)
+        call_state.collect = []  # launches compile (Triton's warmup) instead of running
+        try:
+            run_candidate(impl, impl.default_for(values), values, interpret=False, poison=False)
+        finally:
+            call_state.collect = None
+        assert _cubins(hopper) - before, f"{op.name} {impl.name}: no kernel was compiled"
+        compiled += 1
+    assert compiled, f"{op.name}: no implementation accepts {shape}"

@@ -1,8 +1,9 @@
-"""Shared fixtures: a clean kernelgate state per test, and the targets kernels run on."""
+"""Shared fixtures: a clean kernelgate state per test, the targets kernels run on, and Triton compiling for sm_90."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,3 +57,26 @@ def target(request: pytest.FixtureRequest) -> Iterator[torch.device]:
     else:
         with kernelgate.use_mode("triton"):
             yield torch.device("cuda")
+
+
+@pytest.fixture
+def triton_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh Triton cache, and Triton compiling for sm_90 with no GPU when none is here: a compile-only driver
+    names an H100-class target, so Triton's real compiler (ptxas included) runs without a GPU."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    from kernelgate import compile_ahead
+
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    assert Path(triton.knobs.cache.dir) == cache
+    saved = driver._active
+    if not torch.cuda.is_available():
+        driver.set_active(compile_ahead._CompileOnlyDriver(GPUTarget("cuda", 90, 32)))  # type: ignore[arg-type]
+    try:
+        yield cache
+    finally:
+        driver._active = saved
+        compile_ahead.shutdown()

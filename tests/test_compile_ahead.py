@@ -7,7 +7,6 @@ Triton's real compiler (ptxas included) runs here with no GPU; on a GPU the driv
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +18,6 @@ from kernelgate import compile_ahead
 from kernelgate.compile_ahead import CompileJob
 from kernelgate.errors import SettingsError
 from kernelgate.launch import launch
-
-
-@pytest.fixture
-def triton_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh Triton cache, and Triton compiling for sm_90 with no GPU when none is here."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
-    cache = tmp_path / "triton-cache"
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
-    assert Path(triton.knobs.cache.dir) == cache
-    saved = driver._active
-    if not torch.cuda.is_available():
-        driver.set_active(compile_ahead._CompileOnlyDriver(GPUTarget("cuda", 90, 32)))  # type: ignore[arg-type]
-    try:
-        yield cache
-    finally:
-        driver._active = saved
-        compile_ahead.shutdown()
 
 
 def _files(root: Path) -> set[Path]:

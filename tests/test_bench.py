@@ -676,6 +676,27 @@ def test_summary_counts_misses_per_op_with_their_causes(interpreted: list[bench.
     assert digest.index("| op | direction |") < digest.index("- ")
 
 
+def test_summary_opens_with_the_targets_met_per_op(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
+    """The summary's first section counts, per op and direction, the cases where kernelgate meets each target of
+    those where it applies: bandwidth only at bandwidth shapes, the host cost only for forwards at latency shapes
+    with a Triton kernel timed directly."""
+    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager")
+    eager = dataclasses.replace(base, regime="bandwidth", time_us=100.0, host_us=math.nan, frac_of_copy=0.45)
+    ours = dataclasses.replace(eager, impl="kernelgate", time_us=71.0, frac_of_copy=0.63, note="auto: looped")
+    kernel = dataclasses.replace(ours, impl="triton:looped", note="")
+    # A latency shape where kernelgate is slower than eager and its host cost is 3 us over the kernel's.
+    small = dict(shape="1x8", regime="latency", time_us=5.0, frac_of_copy=math.nan)
+    eager_small = dataclasses.replace(eager, **small, host_us=6.0)
+    ours_small = dataclasses.replace(ours, **small, host_us=10.0)
+    kernel_small = dataclasses.replace(kernel, **small, host_us=7.0)
+    text = bench.write_summary(
+        [eager, ours, kernel, eager_small, ours_small, kernel_small], tmp_path / "summary.md"
+    ).read_text()
+    glance = text[text.index("## Targets at a glance") : text.index(f"## {base.op} {base.dtype}")]
+    assert f"| {base.op} | forward | 0/1 | 1/2 | 1/2 | 0/1 |" in glance, glance
+    assert text.index("## Targets at a glance") < text.index("## Targets missed")
+
+
 def test_a_bandwidth_miss_where_no_implementation_reaches_the_target_says_so(
     interpreted: list[bench.BenchRow], tmp_path: Path
 ) -> None:

@@ -16,7 +16,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -373,6 +373,51 @@ def _timed_function_cause(ours: BenchRow, step: _StepPath | None) -> tuple[str, 
     )
 
 
+def _scorecard(
+    cases: dict[tuple[str, str, str, str], dict[str, BenchRow]], found: Sequence[_Miss], targets: Targets
+) -> list[str]:
+    """A table at the top of the summary: per op and direction, of the cases where a target applies, how many
+    kernelgate meets (the Targets missed section lists the others, with their causes)."""
+    applies: dict[str, Callable[[str, BenchRow, dict[str, BenchRow]], bool]] = {
+        "bandwidth": lambda direction, ours, by_impl: ours.regime == "bandwidth",
+        "peer": lambda direction, ours, by_impl: _best_peer(by_impl) is not None,
+        "eager": lambda direction, ours, by_impl: "eager" in by_impl,
+        "host": lambda direction, ours, by_impl: (
+            direction == FORWARD
+            and ours.regime == "latency"
+            and any(n.startswith("triton:") and not math.isnan(r.host_us) for n, r in by_impl.items())
+        ),
+    }
+    missed = {(m.op, m.dtype, m.direction, m.shape, m.target) for m in found}
+    counts: dict[tuple[str, str], dict[str, list[int]]] = {}
+    for (op, dtype, direction, shape), by_impl in cases.items():
+        ours = by_impl.get("kernelgate")
+        if ours is None:
+            continue
+        row = counts.setdefault((op, direction), {t: [0, 0] for t in applies})
+        for target, applies_here in applies.items():
+            if applies_here(direction, ours, by_impl):
+                row[target][1] += 1
+                row[target][0] += (op, dtype, direction, shape, target) not in missed
+    if not counts:
+        return []
+    lines = [
+        "## Targets at a glance",
+        "",
+        "Cases where kernelgate meets each target, of those where the target applies (bandwidth: the bandwidth "
+        "shapes; host cost: forward at latency shapes with a Triton kernel timed directly). The last section "
+        "lists every miss with its cause.",
+        "",
+        f"| op | direction | bandwidth | >= {targets.versus_best_peer:.2f} of best peer | not slower than eager "
+        "| host cost |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for (op, direction), row in counts.items():
+        cells = [f"{met}/{of}" if of else "-" for met, of in row.values()]
+        lines.append(f"| {op} | {direction} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def _miss_digest(found: Sequence[_Miss]) -> list[str]:
     """A table of the misses per op and direction: how many of each target, and the causes named."""
     if not found:
@@ -601,6 +646,8 @@ def write_summary(
             "",
         ]
     cases = _cases(rows)
+    found = _find_misses(rows, targets)
+    lines += _scorecard(cases, found, targets)
     groups: dict[tuple[str, str], list[tuple[str, str, dict[str, BenchRow]]]] = {}
     for (op, dtype, direction, shape), by_impl in cases.items():
         groups.setdefault((op, dtype), []).append((direction, shape, by_impl))
@@ -636,7 +683,6 @@ def write_summary(
             if regime == "bandwidth":
                 lines += _steady_table(selected, impls)
     lines += _first_calls(rows)
-    found = _find_misses(rows, targets)
     missed = [m.text for m in found]
     lines += [
         "## Targets missed",

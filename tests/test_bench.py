@@ -96,6 +96,13 @@ def test_suite_file_ships_as_package_data() -> None:
     assert '"kernelgate.bench" = ["shapes.json"]' in (ROOT / "pyproject.toml").read_text()
 
 
+@pytest.mark.parametrize("name", ["short-rows.json", "long-rows.json", "whole-tiles.json"])
+def test_the_repository_suites_load(name: str) -> None:
+    """The suite files kept under benchmarks/ (named in docs/bench.md) are valid suites of row-wise shapes."""
+    suite = bench.load_suite(ROOT / "benchmarks" / name)
+    assert suite.dtypes and set(suite.groups) == {"rowwise"}, suite
+
+
 def test_user_suite_replaces_or_extends(tmp_path: Path) -> None:
     """A suite file replaces the built-in suite; with extend it adds its groups (an op's own group wins)."""
     own = _write(tmp_path, {"schema": 1, "dtypes": ["float16"], "shapes": {"softmax": [{"shapes": [[3, 5]]}]}})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -55,6 +56,41 @@ def test_every_config_matches_the_reference(
     values = op.make_inputs(shape, dtype, target)
     ran = check_every_config(op, values, target.type == "cpu")
     assert ran == _expected_implementations(op, shape[-1])
+
+
+@pytest.mark.parametrize("cols", [128, 4096, 5120])
+def test_rms_norm_drops_its_masks_only_where_the_blocks_tile_the_row(target: torch.device, cols: int) -> None:
+    """rms_norm's forward kernels run unmasked (EVEN_N) where the row is a whole number of blocks: one block of
+    exactly the row's length, or looped chunks that divide it. Every configuration, masked or not, with and
+    without a weight, gives the reference's result, also where a single-block program takes several rows."""
+    launch_state = importlib.import_module("kernelgate.launch").call_state
+    op = kernelgate.rms_norm
+    for weighted in (True, False):
+        x, w, eps = op.make_inputs((3, cols), torch.float32, target)  # type: ignore[misc]
+        values = (x, w if weighted else None, eps)
+        expected = op.reference(*values)
+        seen: set[tuple[str, bool]] = set()
+        for impl in op.implementations:
+            if impl.name == "persistent" or (impl.supports is not None and impl.supports(*values) is not None):
+                continue
+            for config in impl.candidate_configs(values):
+                launches: list[tuple[str, tuple[int, ...], dict[str, object]]] = []
+                saved, launch_state.launches = launch_state.launches, launches
+                try:
+                    result = run_candidate(impl, config, values, target.type == "cpu", poison=True)
+                finally:
+                    launch_state.launches = saved
+                assert compare(result, expected, cols) is None, (impl.name, config, weighted)
+                ((_, _, meta),) = launches
+                block = config["BLOCK_N"] if impl.name == "looped" else 1 << (cols - 1).bit_length()
+                assert meta["EVEN_N"] == (cols % block == 0), (impl.name, config, meta)
+                seen.add((impl.name, bool(meta["EVEN_N"])))
+        # A power-of-two row runs both kernels unmasked; 5120 runs single_block masked (a block of 8192), and
+        # looped unmasked at a block of 1024 but masked at 2048 and 4096.
+        want = {("single_block", cols == 1 << (cols - 1).bit_length())}
+        if cols > 512:
+            want |= {("looped", True)} | ({("looped", False)} if cols == 5120 else set())
+        assert seen == want, seen
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(524288, 128), (131072, 512), (16384, 4096), (3, 100), (2, 3), (1, 4096)])

@@ -34,8 +34,9 @@ def _run_rows(
     any_pointer = rows.tensor  # the kernel reads no weight without HAS_WEIGHT
     operands = (rows.tensor, any_pointer if w is None else w, y, rows.stride, rows.n_cols)
     rowwise.launch_rows(
-        kernel, rows.n_rows, operands, (rows.n_cols, eps), config=config, block=block, HAS_WEIGHT=w is not None
-    )
+        kernel, rows.n_rows, operands, (rows.n_cols, eps), config=config, block=block, HAS_WEIGHT=w is not None,
+        EVEN_N=rows.n_cols % block == 0,
+    )  # fmt: skip
     return y
 
 
@@ -181,7 +182,9 @@ rms_norm = Op(
         rowwise.single_block_impl(
             _launch_single_block, RMS_NORM_FWD, _row_length, _row_count, max_block=rowwise.MAX_SINGLE_BLOCK_FORWARD
         ),
-        rowwise.looped_impl(_launch_looped, RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1]),
+        rowwise.looped_impl(
+            _launch_looped, RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1], configs=rowwise.LOOPED_CONFIGS_32_WARPS
+        ),
         rowwise.persistent_impl(_launch_persistent, RMS_NORM_FWD_PERSISTENT, _row_length, lambda x, *_: x),
     ),
     bucket=_bucket,

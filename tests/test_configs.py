@@ -58,39 +58,48 @@ def test_every_config_matches_the_reference(
     assert ran == _expected_implementations(op, shape[-1])
 
 
+UNMASKED_FORWARDS = [kernelgate.rms_norm, kernelgate.softmax, kernelgate.log_softmax]
+
+
 @pytest.mark.parametrize("cols", [128, 4096, 5120])
-def test_rms_norm_drops_its_masks_only_where_the_blocks_tile_the_row(target: torch.device, cols: int) -> None:
-    """rms_norm's forward kernels run unmasked (EVEN_N) where the row is a whole number of blocks: one block of
-    exactly the row's length, or looped chunks that divide it. Every configuration, masked or not, with and
-    without a weight, gives the reference's result, also where a single-block program takes several rows."""
+@pytest.mark.parametrize("op", UNMASKED_FORWARDS, ids=lambda op: op.name)
+def test_forward_kernels_drop_their_masks_only_where_the_blocks_tile_the_row(
+    target: torch.device, op: kernelgate.Op, cols: int
+) -> None:
+    """The single-block and looped forwards run unmasked (EVEN_N) where the row is a whole number of blocks: one
+    block of exactly the row's length, or looped chunks that divide it. Every configuration, masked or not (and for
+    rms_norm with and without a weight), gives the reference's result, also where a program takes several rows."""
     launch_state = importlib.import_module("kernelgate.launch").call_state
-    op = kernelgate.rms_norm
-    for weighted in (True, False):
-        x, w, eps = op.make_inputs((3, cols), torch.float32, target)  # type: ignore[misc]
-        values = (x, w if weighted else None, eps)
-        expected = op.reference(*values)
+    assert op.make_inputs is not None
+    values = op.make_inputs((3, cols), torch.float32, target)
+    variants = [values, (values[0], None, values[2])] if op is kernelgate.rms_norm else [values]
+    for args in variants:
+        expected = op.reference(*args)
         seen: set[tuple[str, bool]] = set()
         for impl in op.implementations:
-            if impl.name == "persistent" or (impl.supports is not None and impl.supports(*values) is not None):
+            if impl.name == "persistent" or (impl.supports is not None and impl.supports(*args) is not None):
                 continue
-            for config in impl.candidate_configs(values):
+            for config in impl.candidate_configs(args):
                 launches: list[tuple[str, tuple[int, ...], dict[str, object]]] = []
                 saved, launch_state.launches = launch_state.launches, launches
                 try:
-                    result = run_candidate(impl, config, values, target.type == "cpu", poison=True)
+                    result = run_candidate(impl, config, args, target.type == "cpu", poison=True)
                 finally:
                     launch_state.launches = saved
-                assert compare(result, expected, cols) is None, (impl.name, config, weighted)
+                assert compare(result, expected, cols) is None, (impl.name, config, args[1:])
                 ((_, _, meta),) = launches
+                assert config is not None
                 block = config["BLOCK_N"] if impl.name == "looped" else 1 << (cols - 1).bit_length()
-                assert meta["EVEN_N"] == (cols % block == 0), (impl.name, config, meta)
+                assert meta["EVEN_N"] == (cols % block == 0 and config.get("ROWS", 1) == 1), (impl.name, config, meta)
                 seen.add((impl.name, bool(meta["EVEN_N"])))
-        # A power-of-two row runs both kernels unmasked; 5120 runs single_block masked (a block of 8192), and
-        # looped unmasked at a block of 1024 but masked at 2048 and 4096.
-        want = {("single_block", cols == 1 << (cols - 1).bit_length())}
+        # A power-of-two row runs both kernels unmasked (single_block masked too, with several rows a program);
+        # 5120 runs single_block masked only (a block of 8192), looped unmasked at a block of 1024 and masked at
+        # 2048 and 4096.
+        power_of_two = cols == 1 << (cols - 1).bit_length()
+        want = {("single_block", power_of_two)}
         if cols > 512:
             want |= {("looped", True)} | ({("looped", False)} if cols == 5120 else set())
-        assert seen == want, seen
+        assert want <= seen and (power_of_two or ("single_block", True) not in seen), seen
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(524288, 128), (131072, 512), (16384, 4096), (3, 100), (2, 3), (1, 4096)])

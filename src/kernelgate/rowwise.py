@@ -286,8 +286,9 @@ def _run_along(x: torch.Tensor, dim: int, kernel: LazyKernel, block: int, config
     rows = as_rows(moved, "x")
     y = empty(moved.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
     launch_rows(
-        kernel, rows.n_rows, (rows.tensor, y, rows.stride, rows.n_cols), (rows.n_cols,), config=config, block=block
-    )
+        kernel, rows.n_rows, (rows.tensor, y, rows.stride, rows.n_cols), (rows.n_cols,), config=config, block=block,
+        EVEN_N=rows.n_cols % block == 0 and config.get("ROWS", 1) == 1,  # a partial last tile of rows needs masks
+    )  # fmt: skip
     # Contiguous, as torch's result and the fake tensor torch.compile plans with.
     return y if last else y.movedim(-1, dim).contiguous()
 

@@ -9,11 +9,13 @@ import triton
 import triton.language as tl
 
 from kernelgate.ops.softmax.kernels import online_max_and_sum
+from kernelgate.ops.tiles import load_tile, store_tile
 
 
 @triton.jit
 def _log_softmax_fwd_kernel(
-    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, ROWS: tl.constexpr, BLOCK_N: tl.constexpr
+    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """y[m, :] = (x[m, :] - max) - log(sum(exp(x[m, :] - max))) for rows that fit one block.
 
@@ -21,15 +23,15 @@ def _log_softmax_fwd_kernel(
     BLOCK_N >= n_cols, a power of two. Each row is read once and written once; arithmetic in
     float32. The max is subtracted before the log of the sum is, so rows of large magnitude (1e4)
     keep full precision. A row of only -inf gives -inf - -inf = NaN, and +inf or NaN make the sum
-    NaN, as in torch.
+    NaN, as in torch. EVEN_N (set by the launcher only for ROWS == 1 and n_cols == BLOCK_N): no masks.
     """
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
+    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, -float("inf"), EVEN_N).to(tl.float32)
     shifted = x - tl.max(x, axis=1)[:, None]
     y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=1))[:, None]
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit
@@ -51,23 +53,26 @@ def _log_softmax_fwd_persistent_kernel(
 
 
 @triton.jit
-def _log_softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
+def _log_softmax_fwd_looped_kernel(
+    x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False
+):  # fmt: skip
     """Log-softmax of a row longer than one block: an online max-and-sum pass, then a writing pass.
 
-    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads the row twice, writes it once.
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads the row twice, writes it once. EVEN_N: n_cols is
+    a multiple of BLOCK_N, so no chunk needs masks.
     """
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
-    row_max, total = online_max_and_sum(x_row, n_cols, BLOCK_N)
+    row_max, total = online_max_and_sum(x_row, n_cols, BLOCK_N, EVEN_N)
     # A row of only -inf has total 0, log(total) = -inf, and y = -inf - -inf - -inf = NaN, as in torch.
     log_total = tl.log(total)
     y_row = y_ptr + row * stride_ym
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
+        x = load_tile(x_row + cols, mask, -float("inf"), EVEN_N, "evict_first").to(tl.float32)
         y = (x - row_max) - log_total
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit

@@ -35,7 +35,7 @@ def _run_rows(
     operands = (rows.tensor, any_pointer if w is None else w, y, rows.stride, rows.n_cols)
     rowwise.launch_rows(
         kernel, rows.n_rows, operands, (rows.n_cols, eps), config=config, block=block, HAS_WEIGHT=w is not None,
-        EVEN_N=rows.n_cols % block == 0,
+        EVEN_N=rows.n_cols % block == 0 and config.get("ROWS", 1) == 1,  # a partial last tile of rows needs masks
     )  # fmt: skip
     return y
 

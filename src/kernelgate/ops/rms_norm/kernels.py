@@ -9,6 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelgate.ops.tiles import load_tile, store_tile
+
 
 @triton.jit
 def _rms_norm_fwd_kernel(
@@ -29,30 +31,18 @@ def _rms_norm_fwd_kernel(
 
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT.
     Grid: (cdiv(n_rows, ROWS),); each program takes ROWS rows. BLOCK_N >= n_cols, a power of two.
-    EVEN_N: n_cols == BLOCK_N, so one row per program needs no masks (a float32 row of 32768 ran at
-    0.84 of copy masked and 0.94 unmasked on the H200). Each row is read once and written once;
-    arithmetic in float32.
+    EVEN_N (set by the launcher only for ROWS == 1 and n_cols == BLOCK_N): no masks. Each row is read
+    once and written once; arithmetic in float32.
     """
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + cols[None, :]
-    y_ptrs = y_ptr + rows[:, None] * stride_ym + cols[None, :]
-    if EVEN_N and ROWS == 1:
-        x = tl.load(x_ptrs).to(tl.float32)
-    else:
-        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-        x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, 0.0, EVEN_N).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None]
     if HAS_WEIGHT:
-        if EVEN_N:
-            y = y * tl.load(w_ptr + cols).to(tl.float32)[None, :]
-        else:
-            y = y * tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)[None, :]
-    if EVEN_N and ROWS == 1:
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty))
-    else:
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = y * load_tile(w_ptr + cols, cols < n_cols, 0.0, EVEN_N).to(tl.float32)[None, :]
+    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit
@@ -86,34 +76,24 @@ def _rms_norm_fwd_looped_kernel(
     """rms_norm of a row longer than one block: a sum-of-squares pass, then a normalising pass.
 
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,). Grid: (n_rows,). Reads the row twice (the
-    second read mostly from L2). EVEN_N: n_cols is a multiple of BLOCK_N, so no chunk needs masks
-    (bf16 rows of 32768 at BLOCK_N=8192 and 32 warps: 0.93 of copy masked, 0.97 unmasked on the H200).
+    second read mostly from L2). EVEN_N: n_cols is a multiple of BLOCK_N, so no chunk needs masks.
     """
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
     acc = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        if EVEN_N:
-            x = tl.load(x_row + cols, eviction_policy="evict_last").to(tl.float32)
-        else:
-            x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        x = load_tile(x_row + cols, cols < n_cols, 0.0, EVEN_N, "evict_last").to(tl.float32)
         acc += x * x
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
     y_row = y_ptr + row * stride_ym
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        if EVEN_N:
-            y = tl.load(x_row + cols, eviction_policy="evict_first").to(tl.float32) * rstd
-            if HAS_WEIGHT:
-                y = y * tl.load(w_ptr + cols, eviction_policy="evict_last").to(tl.float32)
-            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty))
-        else:
-            mask = cols < n_cols
-            y = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32) * rstd
-            if HAS_WEIGHT:
-                y = y * tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        mask = cols < n_cols
+        y = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_first").to(tl.float32) * rstd
+        if HAS_WEIGHT:
+            y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
+        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit

@@ -8,23 +8,28 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelgate.ops.tiles import load_tile, store_tile
+
 
 @triton.jit
 def _softmax_fwd_kernel(
-    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, ROWS: tl.constexpr, BLOCK_N: tl.constexpr
+    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """y[m, :] = exp(x[m, :] - max) / sum(exp(x[m, :] - max)) for rows that fit one block.
 
     x_ptr, y_ptr: (n_rows, n_cols). Grid: (cdiv(n_rows, ROWS),); each program takes ROWS rows.
-    BLOCK_N >= n_cols, a power of two. Each row is read once and written once; arithmetic in float32.
+    BLOCK_N >= n_cols, a power of two. EVEN_N (set by the launcher only for ROWS == 1 and n_cols == BLOCK_N):
+    no masks.
+    Each row is read once and written once; arithmetic in float32.
     """
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
+    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, -float("inf"), EVEN_N).to(tl.float32)
     e = tl.exp(x - tl.max(x, axis=1)[:, None])
     y = e / tl.sum(e, axis=1)[:, None]
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit
@@ -47,18 +52,18 @@ def _softmax_fwd_persistent_kernel(
 
 
 @triton.jit
-def online_max_and_sum(x_row, n_cols, BLOCK_N: tl.constexpr):
+def online_max_and_sum(x_row, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False):
     """The max of a row longer than one block and the sum of ``exp(x - max)``, in one pass over it.
 
     Each lane keeps a running max ``m`` and a sum ``s`` of ``exp(x - m)``, rescaled when ``m`` grows.
     The row is loaded with ``evict_last``, so the caller's second pass may find it in L2. Shared by
-    the looped softmax and log_softmax kernels.
+    the looped softmax and log_softmax kernels. EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
     """
     m = tl.full([BLOCK_N], -float("inf"), tl.float32)
     s = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=-float("inf"), eviction_policy="evict_last").to(tl.float32)
+        x = load_tile(x_row + cols, cols < n_cols, -float("inf"), EVEN_N, "evict_last").to(tl.float32)
         m_new = tl.maximum(m, x)
         # exp(-inf - -inf) would be NaN: -inf terms contribute 0 explicitly. A NaN input fails the
         # == test and propagates into s, as it does in torch, whether or not max() ignored it.
@@ -71,21 +76,24 @@ def online_max_and_sum(x_row, n_cols, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _softmax_fwd_looped_kernel(x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr):
+def _softmax_fwd_looped_kernel(
+    x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False
+):  # fmt: skip
     """Softmax of a row longer than one block: an online max-and-sum pass, then a normalising pass.
 
-    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads the row twice, writes it once.
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads the row twice, writes it once. EVEN_N: n_cols is
+    a multiple of BLOCK_N, so no chunk needs masks.
     """
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
-    row_max, total = online_max_and_sum(x_row, n_cols, BLOCK_N)
+    row_max, total = online_max_and_sum(x_row, n_cols, BLOCK_N, EVEN_N)
     y_row = y_ptr + row * stride_ym
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
+        x = load_tile(x_row + cols, mask, -float("inf"), EVEN_N, "evict_first").to(tl.float32)
         y = tl.exp(x - row_max) / total
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit

@@ -883,3 +883,23 @@ def test_host_time_is_measured_in_full_only_where_it_may_decide(
     monkeypatch.setattr(selection.time, "perf_counter", lambda: clock[0])
     assert selection.bounded_by_host(fn, sync, device_us) == pytest.approx(expected)
     assert len(made) == calls
+
+
+def test_an_autograd_step_is_timed_back_to_back_per_step() -> None:
+    """time_autograd_step runs one step to warm up, then STEP_CALLS steps back to back (each a forward and the
+    gradient of its output with respect to the wanted inputs), and reports the time per step."""
+    from kernelgate import selection
+
+    forwards: list[int] = []
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def slow_square(t: torch.Tensor) -> torch.Tensor:
+        forwards.append(1)
+        time.sleep(0.002)
+        return t * t
+
+    us = selection.time_autograd_step(slow_square, (x,), [x], torch.device("cpu"))
+    # One forward gives the gradients' shapes, one warms up, then the timed steps.
+    assert len(forwards) == 2 + selection.STEP_CALLS
+    assert 2000 <= us < 2000 * selection.STEP_CALLS, (us, "per step, not the whole batch")
+    assert x.grad is None, "the step returns gradients; it does not accumulate into .grad"

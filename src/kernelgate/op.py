@@ -691,9 +691,10 @@ class Op:
             v.detach().requires_grad_() if isinstance(v, torch.Tensor) and v.requires_grad else v for v in values
         )
         wanted = [v for v in leaves if isinstance(v, torch.Tensor) and v.requires_grad]
-        # The fastest of interleaved rounds: the host's time per step is noisy. On the H200, one timing of
-        # each chose eager autograd for softmax at 262144x128 float32, whose steps back to back then took
-        # 263 us against the Function's 231.
+        # The fastest of interleaved rounds of steps back to back: the host's time per step is noisy. On the
+        # H200, one timing of each chose eager autograd for softmax at 262144x128 float32, whose steps back to
+        # back then took 263 us against the Function's 231; three rounds of do_bench and host timing kept
+        # the Function in 18 of 190 cases of the default suite where it was then measured slower than eager.
         eager_us = function_us = float("inf")
         for _ in range(STEP_ROUTE_ROUNDS):
             try:
@@ -982,8 +983,9 @@ class Op:
 
 
 MEMO_LIMIT = 4096
-# Interleaved rounds in which the forward+backward step is timed both ways (Op._eager_step_is_faster).
-STEP_ROUTE_ROUNDS = 3
+# Interleaved rounds in which the forward+backward step is timed both ways (Op._eager_step_is_faster), each
+# round STEP_CALLS steps back to back (selection.time_autograd_step).
+STEP_ROUTE_ROUNDS = 5
 
 
 @dataclasses.dataclass(frozen=True)

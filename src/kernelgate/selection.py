@@ -60,6 +60,9 @@ HOST_BOUND_FRACTION = 0.8
 FINALISTS = 4
 SCREEN_WARMUP_MS = 1
 SCREEN_REP_MS = 3
+# Forward+backward steps timed back to back per round of the step route (time_autograd_step). Each round
+# costs STEP_CALLS + 1 steps; a full do_bench and host timing of a step cost about ten times that.
+STEP_CALLS = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,9 +197,11 @@ def time_us(fn: Callable[[], object], device: torch.device, *, screen: bool = Fa
 def time_autograd_step(
     forward: Callable[..., Any], inputs: tuple[Any, ...], wanted: Sequence[torch.Tensor], device: torch.device
 ) -> float:
-    """What one forward+backward step costs, in microseconds, as :func:`time_us` times a call: ``forward(*inputs)``
-    then ``torch.autograd.grad`` of its outputs that require grad, with respect to ``wanted``, for incoming
-    gradients of ones."""
+    """What one forward+backward step costs in a training loop, in microseconds: after one step to warm up,
+    STEP_CALLS steps issued back to back, then one synchronise, per step. A step is ``forward(*inputs)`` then
+    ``torch.autograd.grad`` of its outputs that require grad, with respect to ``wanted``, for incoming gradients
+    of ones. Back to back, the host issues the next step while the device runs this one, so the time is the
+    larger of the two, as in training (L2 is not flushed between steps there either)."""
     outputs = [t for t in output_tensors(forward(*inputs)) if t.requires_grad]
     grads = [torch.ones_like(t) for t in outputs]
 
@@ -204,7 +209,20 @@ def time_autograd_step(
         outs = [t for t in output_tensors(forward(*inputs)) if t.requires_grad]
         return torch.autograd.grad(outs, wanted, grads, allow_unused=True)
 
-    return time_us(step, device)
+    step()
+    _synchronize(device)
+    start = time.perf_counter()
+    for _ in range(STEP_CALLS):
+        step()
+    _synchronize(device)
+    return (time.perf_counter() - start) / STEP_CALLS * 1e6
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
 
 
 def output_tensors(value: Any) -> list[torch.Tensor]:

@@ -66,8 +66,8 @@ UNMASKED_FORWARDS = [kernelgate.rms_norm, kernelgate.softmax, kernelgate.log_sof
 def test_forward_kernels_drop_their_masks_only_where_the_blocks_tile_the_row(
     target: torch.device, op: kernelgate.Op, cols: int
 ) -> None:
-    """The single-block and looped forwards run unmasked (EVEN_N) where the row is a whole number of blocks: one
-    block of exactly the row's length, or looped chunks that divide it. Every configuration, masked or not (and for
+    """The single-block, persistent and looped forwards run unmasked (EVEN_N) where the row is a whole number of
+    blocks: one block of exactly the row's length, or looped chunks that divide it. Every configuration, masked or not (and for
     rms_norm with and without a weight), gives the reference's result, also where a program takes several rows."""
     launch_state = importlib.import_module("kernelgate.launch").call_state
     assert op.make_inputs is not None
@@ -77,7 +77,7 @@ def test_forward_kernels_drop_their_masks_only_where_the_blocks_tile_the_row(
         expected = op.reference(*args)
         seen: set[tuple[str, bool]] = set()
         for impl in op.implementations:
-            if impl.name == "persistent" or (impl.supports is not None and impl.supports(*args) is not None):
+            if impl.supports is not None and impl.supports(*args) is not None:
                 continue
             for config in impl.candidate_configs(args):
                 launches: list[tuple[str, tuple[int, ...], dict[str, object]]] = []
@@ -96,7 +96,7 @@ def test_forward_kernels_drop_their_masks_only_where_the_blocks_tile_the_row(
         # 5120 runs single_block masked only (a block of 8192), looped unmasked at a block of 1024 and masked at
         # 2048 and 4096.
         power_of_two = cols == 1 << (cols - 1).bit_length()
-        want = {("single_block", power_of_two)}
+        want = {("single_block", power_of_two), ("persistent", power_of_two)}
         if cols > 512:
             want |= {("looped", True)} | ({("looped", False)} if cols == 5120 else set())
         assert want <= seen and (power_of_two or ("single_block", True) not in seen), seen

@@ -341,6 +341,7 @@ def along_dim_impls(
         launch(
             persistent, grid, rows.tensor, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols,
             BLOCK_N=single_block(rows.n_cols), NUM_STAGES=config["NUM_STAGES"], num_warps=config["num_warps"],
+            EVEN_N=rows.n_cols == single_block(rows.n_cols),
         )  # fmt: skip
         return y if last else y.movedim(-1, dim).contiguous()
 

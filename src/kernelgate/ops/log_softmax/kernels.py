@@ -36,20 +36,22 @@ def _log_softmax_fwd_kernel(
 
 @triton.jit
 def _log_softmax_fwd_persistent_kernel(
-    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr
+    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """Log-softmax of rows that fit one block, by a fixed number of programs each taking every
     ``num_programs``-th row (as softmax's persistent kernel; the arithmetic as :func:`_log_softmax_fwd_kernel`'s).
 
-    x_ptr, y_ptr: (n_rows, n_cols). Grid: (programs,), at most n_rows. BLOCK_N >= n_cols, a power of two.
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (programs,), at most n_rows. BLOCK_N >= n_cols, a power of two
+    (EVEN_N: equal, so no masks).
     """
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
-        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N).to(tl.float32)
         shifted = x - tl.max(x, axis=0)
         y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))
-        tl.store(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit

@@ -60,7 +60,7 @@ def _launch_persistent(
         RMS_NORM_FWD_PERSISTENT, (rowwise.persistent_programs(x.device, rows.n_rows, config),), rows.tensor,
         rows.tensor if w is None else w, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols, eps,
         HAS_WEIGHT=w is not None, BLOCK_N=rowwise.single_block(rows.n_cols), NUM_STAGES=config["NUM_STAGES"],
-        num_warps=config["num_warps"],
+        num_warps=config["num_warps"], EVEN_N=rows.n_cols == rowwise.single_block(rows.n_cols),
     )  # fmt: skip
     return y
 

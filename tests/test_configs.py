@@ -67,8 +67,9 @@ def test_forward_kernels_drop_their_masks_only_where_the_blocks_tile_the_row(
     target: torch.device, op: kernelgate.Op, cols: int
 ) -> None:
     """The single-block, persistent and looped forwards run unmasked (EVEN_N) where the row is a whole number of
-    blocks: one block of exactly the row's length, or looped chunks that divide it. Every configuration, masked or not (and for
-    rms_norm with and without a weight), gives the reference's result, also where a program takes several rows."""
+    blocks: one block of exactly the row's length, or looped chunks that divide it. Every configuration, masked
+    or not (and for rms_norm with and without a weight), gives the reference's result, also where a program takes
+    several rows."""
     launch_state = importlib.import_module("kernelgate.launch").call_state
     assert op.make_inputs is not None
     values = op.make_inputs((3, cols), torch.float32, target)

@@ -40,6 +40,7 @@ import kernelgate
 from kernelgate import backend, rowwise
 from kernelgate.cache import decision_cache, default_cache_dir
 from kernelgate.op import Op, registered_ops
+from kernelgate.selection import synchronize
 from kernelgate.tolerance import assert_close
 
 __all__ = ["main"]
@@ -115,20 +116,15 @@ def _nvidia_driver() -> str:
         return "unknown (nvidia-smi unavailable)"
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     """Median wall time of ``fn`` in milliseconds, the device synchronised around each run."""
     fn()
-    _synchronize(device)
+    synchronize(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        _synchronize(device)
+        synchronize(device)
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 

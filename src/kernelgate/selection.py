@@ -37,7 +37,9 @@ __all__ = [
     "Mismatch",
     "compare",
     "output_tensors",
+    "per_call_us",
     "run_candidate",
+    "synchronize",
     "time_autograd_step",
     "time_us",
     "tune",
@@ -210,15 +212,21 @@ def time_autograd_step(
         return torch.autograd.grad(outs, wanted, grads, allow_unused=True)
 
     step()
-    _synchronize(device)
+    return per_call_us(step, device, STEP_CALLS)
+
+
+def per_call_us(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Microseconds per call of ``fn``: ``calls`` calls issued back to back, then one synchronise."""
+    synchronize(device)
     start = time.perf_counter()
-    for _ in range(STEP_CALLS):
-        step()
-    _synchronize(device)
-    return (time.perf_counter() - start) / STEP_CALLS * 1e6
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls * 1e6
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (nothing to wait for on a CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "xpu":

@@ -45,7 +45,7 @@ from kernelgate.config import Config
 from kernelgate.dispatch import use_interpreter, use_mode
 from kernelgate.errors import KernelgateWarning
 from kernelgate.op import Op, TritonImpl, get_op, registered_ops
-from kernelgate.selection import CandidateResult, output_tensors, run_candidate
+from kernelgate.selection import CandidateResult, output_tensors, per_call_us, run_candidate, synchronize
 from kernelgate.settings import configure, settings
 
 __all__ = ["TIME_LIMIT_NOTE", "resolve_ops", "run"]
@@ -161,11 +161,6 @@ def _liger_version() -> str:
         return "unknown"
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _copy_gbps(device: torch.device, timing: _Timing) -> float:
     """Device-to-device copy bandwidth, bytes read plus written per second."""
     n = GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
@@ -191,24 +186,14 @@ def _time_us(fn: Callable[[], object], device: torch.device, timing: _Timing) ->
     return statistics.median(times)
 
 
-def _host_us(fn: Callable[[], object], device: torch.device, calls: int) -> float:
-    """Per call: ``calls`` calls issued back to back, then one synchronise."""
-    _synchronize(device)
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    _synchronize(device)
-    return (time.perf_counter() - start) / calls * 1e6
-
-
 def _peak_mib(fn: Callable[[], object], device: torch.device) -> float:
     if device.type != "cuda":
         return math.nan
-    _synchronize(device)
+    synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     fn()
-    _synchronize(device)
+    synchronize(device)
     return (torch.cuda.max_memory_allocated(device) - before) / 2**20
 
 
@@ -518,7 +503,7 @@ class _Runner:
                     step = impl.forward if direction == FORWARD else impl.make_backward()  # type: ignore[misc]
                     assert step is not None
                     step()
-                    _synchronize(device)
+                    synchronize(device)
                     setup = impl.setup_ms if direction == FORWARD else 0.0
                     base["first_call_ms"] = (time.perf_counter() - first) * 1e3 + setup
                     steps[impl.name] = step
@@ -547,10 +532,10 @@ class _Runner:
                 result["time_us"] = statistics.median(times)
                 try:
                     if regime == "latency":
-                        result["host_us"] = _host_us(step, device, self.timing.host_calls)
+                        result["host_us"] = per_call_us(step, device, self.timing.host_calls)
                     elif direction == FORWARD_BACKWARD and device.type == "cuda":
                         # The steady state of a training loop, reported beside the do_bench time.
-                        result["host_us"] = _host_us(step, device, max(1, self.timing.host_calls // 4))
+                        result["host_us"] = per_call_us(step, device, max(1, self.timing.host_calls // 4))
                     result["peak_mib"] = _peak_mib(step, device)
                     if name == "kernelgate" and direction == FORWARD_BACKWARD:
                         # Which path the timed steps took after the first: the Function or eager autograd.

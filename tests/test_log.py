@@ -108,7 +108,10 @@ def test_interpreted_triton_call_row(tmp_path: Path) -> None:
         "shapes": "[3, 5]",
         "dtypes": "float32",
     }
-    assert softmax_row["config"] == "_softmax_fwd_kernel[1][('BLOCK_N', 16), ('ROWS', 4), ('num_warps', 1)]"
+    assert (
+        softmax_row["config"]
+        == "_softmax_fwd_kernel[1][('BLOCK_N', 16), ('EVEN_N', False), ('ROWS', 4), ('num_warps', 1)]"
+    )
     assert softmax_row["triton_version"] == importlib.metadata.version("triton")
     assert (rms_norm_row["implementation"], rms_norm_row["shapes"], rms_norm_row["dtypes"]) == (
         "single_block",
@@ -117,7 +120,8 @@ def test_interpreted_triton_call_row(tmp_path: Path) -> None:
     )
     assert (
         rms_norm_row["config"]
-        == "_rms_norm_fwd_kernel[1][('BLOCK_N', 16), ('HAS_WEIGHT', False), ('ROWS', 4), ('num_warps', 1)]"
+        == "_rms_norm_fwd_kernel[1][('BLOCK_N', 16), ('EVEN_N', False), ('HAS_WEIGHT', False), ('ROWS', 4), "
+        "('num_warps', 1)]"
     )
 
 

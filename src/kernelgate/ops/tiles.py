@@ -13,8 +13,9 @@ import triton.language as tl
 
 
 @triton.jit
-def load_tile(ptrs, mask, other, UNMASKED: tl.constexpr, EVICTION: tl.constexpr = ""):
-    """``tl.load(ptrs, mask=mask, other=other)``, or without the mask where ``UNMASKED``."""
+def load_tile(ptrs, mask, other, UNMASKED: tl.constexpr, EVICTION: tl.constexpr):
+    """``tl.load(ptrs, mask=mask, other=other, eviction_policy=EVICTION)`` (``""``: the default policy), or
+    without the mask where ``UNMASKED``."""
     if UNMASKED:
         value = tl.load(ptrs, eviction_policy=EVICTION)
     else:

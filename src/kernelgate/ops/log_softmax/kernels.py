@@ -28,7 +28,7 @@ def _log_softmax_fwd_kernel(
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, -float("inf"), EVEN_N).to(tl.float32)
+    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, -float("inf"), EVEN_N, "").to(tl.float32)
     shifted = x - tl.max(x, axis=1)[:, None]
     y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=1))[:, None]
     store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
@@ -48,7 +48,7 @@ def _log_softmax_fwd_persistent_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
-        x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N).to(tl.float32)
+        x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
         shifted = x - tl.max(x, axis=0)
         y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)

@@ -37,11 +37,11 @@ def _rms_norm_fwd_kernel(
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, 0.0, EVEN_N).to(tl.float32)
+    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, 0.0, EVEN_N, "").to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None]
     if HAS_WEIGHT:
-        y = y * load_tile(w_ptr + cols, cols < n_cols, 0.0, EVEN_N).to(tl.float32)[None, :]
+        y = y * load_tile(w_ptr + cols, cols < n_cols, 0.0, EVEN_N, "").to(tl.float32)[None, :]
     store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
@@ -60,9 +60,9 @@ def _rms_norm_fwd_persistent_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
     if HAS_WEIGHT:
-        w = load_tile(w_ptr + cols, mask, 0.0, EVEN_N).to(tl.float32)
+        w = load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
-        x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N).to(tl.float32)
+        x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
         if HAS_WEIGHT:
             y = y * w

@@ -26,7 +26,7 @@ def _softmax_fwd_kernel(
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
-    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, -float("inf"), EVEN_N).to(tl.float32)
+    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, -float("inf"), EVEN_N, "").to(tl.float32)
     e = tl.exp(x - tl.max(x, axis=1)[:, None])
     y = e / tl.sum(e, axis=1)[:, None]
     store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
@@ -47,14 +47,14 @@ def _softmax_fwd_persistent_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
-        x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N).to(tl.float32)
+        x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
         e = tl.exp(x - tl.max(x, axis=0))
         y = e / tl.sum(e, axis=0)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit
-def online_max_and_sum(x_row, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False):
+def online_max_and_sum(x_row, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
     """The max of a row longer than one block and the sum of ``exp(x - max)``, in one pass over it.
 
     Each lane keeps a running max ``m`` and a sum ``s`` of ``exp(x - m)``, rescaled when ``m`` grows.

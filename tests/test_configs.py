@@ -58,7 +58,7 @@ def test_every_config_matches_the_reference(
     assert ran == _expected_implementations(op, shape[-1])
 
 
-UNMASKED_FORWARDS = [kernelgate.rms_norm, kernelgate.softmax, kernelgate.log_softmax]
+UNMASKED_FORWARDS = [kernelgate.rms_norm, kernelgate.softmax, kernelgate.log_softmax, kernelgate.layer_norm]
 
 
 @pytest.mark.parametrize("cols", [128, 4096, 5120])
@@ -68,12 +68,16 @@ def test_forward_kernels_drop_their_masks_only_where_the_blocks_tile_the_row(
 ) -> None:
     """The single-block, persistent and looped forwards run unmasked (EVEN_N) where the row is a whole number of
     blocks: one block of exactly the row's length, or looped chunks that divide it. Every configuration, masked
-    or not (and for rms_norm with and without a weight), gives the reference's result, also where a program takes
-    several rows."""
+    or not (and for the norms with and without a weight and bias), gives the reference's result, also where a
+    program takes several rows."""
     launch_state = importlib.import_module("kernelgate.launch").call_state
     assert op.make_inputs is not None
     values = op.make_inputs((3, cols), torch.float32, target)
-    variants = [values, (values[0], None, values[2])] if op is kernelgate.rms_norm else [values]
+    variants = [values]
+    if op is kernelgate.rms_norm:
+        variants.append((values[0], None, values[2]))
+    if op is kernelgate.layer_norm:
+        variants.append((values[0], values[1], None, None, values[4]))
     for args in variants:
         expected = op.reference(*args)
         seen: set[tuple[str, bool]] = set()
@@ -97,7 +101,7 @@ def test_forward_kernels_drop_their_masks_only_where_the_blocks_tile_the_row(
         # 5120 runs single_block masked only (a block of 8192), looped unmasked at a block of 1024 and masked at
         # 2048 and 4096.
         power_of_two = cols == 1 << (cols - 1).bit_length()
-        want = {("single_block", power_of_two), ("persistent", power_of_two)}
+        want = {("single_block", power_of_two)} | ({("persistent", power_of_two)} if op.name in PERSISTENT else set())
         if cols > 512:
             want |= {("looped", True)} | ({("looped", False)} if cols == 5120 else set())
         assert want <= seen and (power_of_two or ("single_block", True) not in seen), seen

@@ -94,6 +94,7 @@ def _run_forward(
     rowwise.launch_rows(
         kernel, rows.n_rows, operands, (rows.n_cols, float(eps)), config=config, block=block,
         HAS_WEIGHT=w is not None, HAS_BIAS=b is not None,
+        EVEN_N=rows.n_cols % block == 0 and config.get("ROWS", 1) == 1,  # a partial last tile of rows needs masks
     )  # fmt: skip
     return y
 

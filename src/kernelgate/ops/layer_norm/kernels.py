@@ -16,6 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelgate.ops.tiles import load_tile, store_tile
+
 
 @triton.jit
 def _layer_norm_fwd_kernel(
@@ -32,27 +34,31 @@ def _layer_norm_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
 ):
     """y[m, :] = (x[m, :] - mean) * rsqrt(var + eps) * w + b for rows that fit one block.
 
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr, b_ptr: (n_cols,), read only if HAS_WEIGHT / HAS_BIAS.
     Grid: (cdiv(n_rows, ROWS),); each program takes ROWS rows. BLOCK_N >= n_cols, a power of two.
-    Each row is read once and written once.
+    EVEN_N (set by the launcher only for ROWS == 1 and n_cols == BLOCK_N): no masks. Each row is read
+    once and written once.
     """
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     mask = (rows < n_rows)[:, None] & col_mask[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    d = tl.where(mask, x - (tl.sum(x, axis=1) / n_cols)[:, None], 0.0)
+    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, 0.0, EVEN_N, "").to(tl.float32)
+    d = x - (tl.sum(x, axis=1) / n_cols)[:, None]
+    if not EVEN_N:
+        d = tl.where(mask, d, 0.0)
     shift = tl.sum(d, axis=1) / n_cols
     var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - shift * shift, 0.0)
     y = (d - shift[:, None]) * tl.rsqrt(var + eps)[:, None]
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        y = y * load_tile(w_ptr + cols, col_mask, 0.0, EVEN_N, "").to(tl.float32)[None, :]
     if HAS_BIAS:
-        y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = y + load_tile(b_ptr + cols, col_mask, 0.0, EVEN_N, "").to(tl.float32)[None, :]
+    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit
@@ -68,6 +74,7 @@ def _layer_norm_fwd_looped_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
 ):
     """layer_norm of a row longer than one block: a statistics pass, then a normalising pass.
 
@@ -75,7 +82,7 @@ def _layer_norm_fwd_looped_kernel(
     streams the row once, keeping per lane a running mean and sum of squared deviations (no
     reduction inside the loop); the second pass goes over the blocks in reverse, so the blocks read
     last, the likeliest still in L2, are read again first. The first pass asks L2 to keep x, the
-    second to drop it.
+    second to drop it. EVEN_N: n_cols is a multiple of BLOCK_N, so the loads and stores need no masks.
     """
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
@@ -83,14 +90,14 @@ def _layer_norm_fwd_looped_kernel(
     # The lanes hold statistics of x - k, k the mean of the first block: values near zero, whose
     # means keep their low bits (those of x itself would round to the units of x's offset).
     mask = lanes < n_cols
-    x = tl.load(x_row + lanes, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    x = load_tile(x_row + lanes, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
     k = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
     mean = tl.where(mask, x - k, 0.0)
     m2 = tl.zeros([BLOCK_N], tl.float32)
     for start in range(BLOCK_N, n_cols, BLOCK_N):
         cols = start + lanes
         mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
         # Every lane in range has now seen start // BLOCK_N + 1 elements; lanes out of range keep theirs.
         delta = tl.where(mask, (x - k) - mean, 0.0)
         mean += delta * (1.0 / (start // BLOCK_N + 1))
@@ -108,13 +115,13 @@ def _layer_norm_fwd_looped_kernel(
     for i in range(0, n_blocks):
         cols = (n_blocks - 1 - i) * BLOCK_N + lanes
         mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_first").to(tl.float32)
         y = ((x - k) - centre) * rstd
         if HAS_WEIGHT:
-            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         if HAS_BIAS:
-            y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+            y = y + load_tile(b_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit

@@ -230,7 +230,7 @@ def test_run_measures_every_implementation(interpreted: list[bench.BenchRow]) ->
     notes = {r.impl: r.note for r in interpreted}
     chosen = (
         r"(reference|single_block\[ROWS=\d+,num_warps=\d+\]|looped\[BLOCK_N=\d+,num_warps=\d+\]"
-        r"|persistent\[PER_SM=\d+,num_warps=\d+\])"
+        r"|persistent\[NUM_STAGES=\d+,PER_SM=\d+,num_warps=\d+\])"
     )
     decided = rf"auto: {chosen} \((tuned|cached|reference-faster)"
     assert re.match(decided, notes["kernelgate"]), notes["kernelgate"]

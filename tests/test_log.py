@@ -137,9 +137,10 @@ def test_mode_triton_and_auto_fallback_rows(tmp_path: Path) -> None:
             kernelgate.softmax(torch.randn(2, 3))
         kernelgate.softmax(torch.randn(2, 3, dtype=torch.float64))
     # Rows of 3 hold one block of 16, which only num_warps=1 fills: single_block with one or two (all)
-    # rows per program, persistent with one or two programs per multiprocessor; the looped kernel is pruned.
+    # rows per program, persistent with one to three stages and one or two programs per multiprocessor;
+    # the looped kernel is pruned.
     *tune_rows, winner_row, triton_row, fallback_row = rows_of(path)
-    persistent = [f"PER_SM={p},num_warps=1" for p in (1, 2)]
+    persistent = [f"NUM_STAGES={s},PER_SM={p},num_warps=1" for s in (1, 2, 3) for p in (1, 2)]
     assert [(row["implementation"], row["config"]) for row in tune_rows] == [
         ("single_block", "ROWS=1,num_warps=1"),
         ("single_block", "ROWS=2,num_warps=1"),

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_SINGLE_BLOCK",
     "MAX_SINGLE_BLOCK_FORWARD",
     "PERSISTENT_CONFIGS",
+    "PERSISTENT_STAGE_BYTES",
     "ROW_BLOCK_CONFIGS",
     "SINGLE_BLOCK_CONFIGS",
     "along_dim_backward_impls",
@@ -339,21 +340,23 @@ def along_dim_impls(
         grid = (persistent_programs(x.device, rows.n_rows, config),)
         launch(
             persistent, grid, rows.tensor, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols,
-            BLOCK_N=single_block(rows.n_cols), num_warps=config["num_warps"],
+            BLOCK_N=single_block(rows.n_cols), NUM_STAGES=config["NUM_STAGES"], num_warps=config["num_warps"],
             EVEN_N=rows.n_cols == single_block(rows.n_cols),
         )  # fmt: skip
         return y if last else y.movedim(-1, dim).contiguous()
 
-    return (*impls, persistent_impl(launch_persistent, persistent, _n_cols_along))
+    return (*impls, persistent_impl(launch_persistent, persistent, _n_cols_along, lambda *args: args[-2]))
 
 
 # --- persistent programs: a fixed number of programs, each looping over rows --------------------------
 # For rows that fit one block. Each program takes rows pid, pid + programs, ...; PER_SM programs per
-# multiprocessor (two multiprocessors under the interpreter). The loop has no stages to tune: asked for
-# 1 to 3 (tl.range's num_stages), Triton 3.6 and 3.9 compiled it for sm_90 with no asynchronous copies,
-# and rms_norm's code was the same at every count, so the stages only tripled the candidates.
+# multiprocessor (two multiprocessors under the interpreter). The row loop passes NUM_STAGES to
+# tl.range, meant to stage the next rows' loads in shared memory; compiled for sm_90 by Triton 3.6 and
+# 3.9 it has no asynchronous copies (rms_norm's code is the same at every NUM_STAGES).
 
-PERSISTENT_CONFIGS = ConfigSpace(num_warps=(1, 2, 4, 8, 16, 32), PER_SM=(1, 2))
+PERSISTENT_CONFIGS = ConfigSpace(num_warps=(1, 2, 4, 8, 16, 32), NUM_STAGES=(1, 2, 3), PER_SM=(1, 2))
+# Shared memory the staged rows of one program may take (an SM of the H100/H200 has 228 KB).
+PERSISTENT_STAGE_BYTES = 160 * 1024
 
 
 def persistent_programs(device: torch.device, n_rows: int, config: Config) -> int:
@@ -362,22 +365,33 @@ def persistent_programs(device: torch.device, n_rows: int, config: Config) -> in
     return max(1, min(n_rows, config["PER_SM"] * sms))
 
 
-def prune_persistent(config: Config, n_cols: int) -> bool:
-    """Whether a persistent configuration suits rows of ``n_cols`` elements: no more elements per thread than
-    registers hold."""
-    return per_thread_ok(single_block(n_cols), config["num_warps"])
+def prune_persistent(config: Config, n_cols: int, element_size: int) -> bool:
+    """Whether a persistent configuration suits rows of ``n_cols`` elements of ``element_size`` bytes: no more
+    elements per thread than registers hold, and the rows staged ahead (all but the one being reduced) within
+    :data:`PERSISTENT_STAGE_BYTES`."""
+    block = single_block(n_cols)
+    staged = (config["NUM_STAGES"] - 1) * block * element_size
+    return per_thread_ok(block, config["num_warps"]) and staged <= PERSISTENT_STAGE_BYTES
 
 
-def persistent_impl(launcher: Callable[..., Any], kernel: LazyKernel, n_cols: Callable[..., int]) -> TritonImpl:
-    """The ``persistent`` implementation of a row-wise forward; ``n_cols(*args)`` gives its row length."""
+def persistent_impl(
+    launcher: Callable[..., Any], kernel: LazyKernel, n_cols: Callable[..., int], x: Callable[..., torch.Tensor]
+) -> TritonImpl:
+    """The ``persistent`` implementation of a row-wise forward; ``x(*args)`` is its input (for the element size)."""
+
+    def default(*args: Any) -> Config:
+        cols = n_cols(*args)
+        config = {"num_warps": _warps_that_fit(single_block(cols)), "NUM_STAGES": 2, "PER_SM": 2}
+        return config if prune_persistent(config, cols, x(*args).element_size()) else {**config, "NUM_STAGES": 1}
+
     return TritonImpl(
         "persistent",
         launcher,
         (kernel,),
         supports=lambda *args: fits_one_block(n_cols(*args), MAX_SINGLE_BLOCK_FORWARD),
         configs=PERSISTENT_CONFIGS,
-        default_config=lambda *args: {"num_warps": _warps_that_fit(single_block(n_cols(*args))), "PER_SM": 2},
-        prune=lambda config, *args: prune_persistent(config, n_cols(*args)),
+        default_config=default,
+        prune=lambda config, *args: prune_persistent(config, n_cols(*args), x(*args).element_size()),
     )
 
 

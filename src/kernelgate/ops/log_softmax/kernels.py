@@ -36,7 +36,8 @@ def _log_softmax_fwd_kernel(
 
 @triton.jit
 def _log_softmax_fwd_persistent_kernel(
-    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False
+    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """Log-softmax of rows that fit one block, by a fixed number of programs each taking every
     ``num_programs``-th row (as softmax's persistent kernel; the arithmetic as :func:`_log_softmax_fwd_kernel`'s).
@@ -46,7 +47,7 @@ def _log_softmax_fwd_persistent_kernel(
     """
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
-    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
         shifted = x - tl.max(x, axis=0)
         y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))

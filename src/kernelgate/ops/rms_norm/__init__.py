@@ -59,8 +59,8 @@ def _launch_persistent(
     launch(
         RMS_NORM_FWD_PERSISTENT, (rowwise.persistent_programs(x.device, rows.n_rows, config),), rows.tensor,
         rows.tensor if w is None else w, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols, eps,
-        HAS_WEIGHT=w is not None, BLOCK_N=rowwise.single_block(rows.n_cols), num_warps=config["num_warps"],
-        EVEN_N=rows.n_cols == rowwise.single_block(rows.n_cols),
+        HAS_WEIGHT=w is not None, BLOCK_N=rowwise.single_block(rows.n_cols), NUM_STAGES=config["NUM_STAGES"],
+        num_warps=config["num_warps"], EVEN_N=rows.n_cols == rowwise.single_block(rows.n_cols),
     )  # fmt: skip
     return y
 
@@ -185,7 +185,7 @@ rms_norm = Op(
         rowwise.looped_impl(
             _launch_looped, RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1], configs=rowwise.LOOPED_CONFIGS_32_WARPS
         ),
-        rowwise.persistent_impl(_launch_persistent, RMS_NORM_FWD_PERSISTENT, _row_length),
+        rowwise.persistent_impl(_launch_persistent, RMS_NORM_FWD_PERSISTENT, _row_length, lambda x, *_: x),
     ),
     bucket=_bucket,
     reduction_length=_row_length,

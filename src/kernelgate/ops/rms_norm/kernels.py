@@ -48,10 +48,10 @@ def _rms_norm_fwd_kernel(
 @triton.jit
 def _rms_norm_fwd_persistent_kernel(
     x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
-    EVEN_N: tl.constexpr = False,
+    NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """rms_norm of rows that fit one block, by a fixed number of programs each taking every ``num_programs``-th
-    row; the weight is read once per program.
+    row (NUM_STAGES goes to the loop's ``tl.range``); the weight is read once per program.
 
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT. Grid: (programs,), at most
     n_rows. BLOCK_N >= n_cols, a power of two (EVEN_N: equal, so no masks). Each row is read once and written
@@ -61,7 +61,7 @@ def _rms_norm_fwd_persistent_kernel(
     mask = cols < n_cols
     if HAS_WEIGHT:
         w = load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
-    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
         if HAS_WEIGHT:

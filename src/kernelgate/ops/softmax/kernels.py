@@ -34,16 +34,19 @@ def _softmax_fwd_kernel(
 
 @triton.jit
 def _softmax_fwd_persistent_kernel(
-    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False
+    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """Softmax of rows that fit one block, by a fixed number of programs each taking every ``num_programs``-th row.
 
     x_ptr, y_ptr: (n_rows, n_cols). Grid: (programs,), at most n_rows. BLOCK_N >= n_cols, a power of two.
-    EVEN_N: BLOCK_N == n_cols (no masks). Each row is read once and written once; arithmetic in float32.
+    NUM_STAGES goes to the row loop's ``tl.range`` (on Triton 3.6 and 3.9 it stages no loads for sm_90; see
+    ``rowwise.PERSISTENT_CONFIGS``). EVEN_N: BLOCK_N == n_cols (no masks). Each row is read once and written
+    once; arithmetic in float32.
     """
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
-    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
         e = tl.exp(x - tl.max(x, axis=0))
         y = e / tl.sum(e, axis=0)

@@ -48,3 +48,26 @@ def test_every_implementation_compiles_for_sm90(triton_cache: Path, op: Op, shap
         assert _cubins(triton_cache) - before, f"{op.name} {impl.name}: no kernel was compiled"
         compiled += 1
     assert compiled, f"{op.name}: no implementation accepts {shape}"
+
+
+@pytest.mark.parametrize("op_name", ["softmax", "log_softmax", "rms_norm"])
+def test_persistent_stages_compile_to_asynchronous_copies(triton_cache: Path, op_name: str) -> None:
+    """The persistent kernels' NUM_STAGES is what keeps the next rows' loads in flight: with the launch's
+    specialisation, 3 stages compile to cp.async copies for sm_90 and 1 stage to none. (A plain ``range`` loop
+    compiled to none, and on the H200 bf16 softmax at rows of 4096 fell from 0.72 to 0.53 of copy.)"""
+    op = next(op for op in BUILTIN_OPS if op.name == op_name)
+    impl = next(impl for impl in op.implementations if impl.name == "persistent")
+    assert op.make_inputs is not None
+    values = op.make_inputs((4, 4096), torch.bfloat16, torch.device("cpu"))
+    copies = {}
+    for stages in (1, 3):
+        before = set(triton_cache.rglob("*.ptx")) if triton_cache.exists() else set()
+        call_state.collect = []
+        try:
+            run_candidate(impl, {"num_warps": 8, "NUM_STAGES": stages, "PER_SM": 1}, values, interpret=False, poison=False)
+        finally:
+            call_state.collect = None
+        (ptx,) = set(triton_cache.rglob("*.ptx")) - before
+        copies[stages] = ptx.read_text().count("cp.async.c")
+    assert copies[1] == 0, copies
+    assert copies[3] > 0, copies

@@ -40,7 +40,8 @@ def _log_softmax_fwd_persistent_kernel(
     EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """Log-softmax of rows that fit one block, by a fixed number of programs each taking every
-    ``num_programs``-th row (as softmax's persistent kernel; the arithmetic as :func:`_log_softmax_fwd_kernel`'s).
+    ``num_programs``-th row in a software-pipelined loop (as softmax's persistent kernel; the arithmetic as
+    :func:`_log_softmax_fwd_kernel`'s).
 
     x_ptr, y_ptr: (n_rows, n_cols). Grid: (programs,), at most n_rows. BLOCK_N >= n_cols, a power of two
     (EVEN_N: equal, so no masks).

@@ -51,7 +51,7 @@ def _rms_norm_fwd_persistent_kernel(
     NUM_STAGES: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """rms_norm of rows that fit one block, by a fixed number of programs each taking every ``num_programs``-th
-    row (NUM_STAGES goes to the loop's ``tl.range``); the weight is read once per program.
+    row in a software-pipelined loop (NUM_STAGES rows in flight); the weight is read once per program.
 
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT. Grid: (programs,), at most
     n_rows. BLOCK_N >= n_cols, a power of two (EVEN_N: equal, so no masks). Each row is read once and written

@@ -40,9 +40,10 @@ def _softmax_fwd_persistent_kernel(
     """Softmax of rows that fit one block, by a fixed number of programs each taking every ``num_programs``-th row.
 
     x_ptr, y_ptr: (n_rows, n_cols). Grid: (programs,), at most n_rows. BLOCK_N >= n_cols, a power of two.
-    NUM_STAGES goes to the row loop's ``tl.range`` (on Triton 3.6 and 3.9 it stages no loads for sm_90; see
-    ``rowwise.PERSISTENT_CONFIGS``). EVEN_N: BLOCK_N == n_cols (no masks). Each row is read once and written
-    once; arithmetic in float32.
+    The row loop is software-pipelined over NUM_STAGES rows: the loads of the next rows are in flight (staged
+    in shared memory) while a row is reduced and stored, where a program of :func:`_softmax_fwd_kernel`
+    waits for its one row. EVEN_N: BLOCK_N == n_cols (no masks). Each row is read once and written once;
+    arithmetic in float32.
     """
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols

@@ -52,6 +52,7 @@ def _run_rows(
     rowwise.launch_rows(
         kernel, x_rows.n_rows, (*operands, n_cols, n_cols), (n_cols, eps), config=config, block=block,
         HAS_WEIGHT=w is not None,
+        EVEN_N=n_cols % block == 0 and config.get("ROWS", 1) == 1,  # a partial last tile of rows needs masks
     )  # fmt: skip
     return y, s
 

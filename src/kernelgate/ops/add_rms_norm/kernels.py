@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelgate.ops.tiles import load_tile, store_tile
+
 
 @triton.jit
 def _add_rms_norm_fwd_kernel(
@@ -28,27 +30,29 @@ def _add_rms_norm_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
 ):
     """s[m, :] = x[m, :] + r[m, :];  y[m, :] = s[m, :] * rsqrt(mean(s[m, :]**2) + eps) * w, rows in one block.
 
     x_ptr, r_ptr, y_ptr, s_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT.
     Grid: (cdiv(n_rows, ROWS),); each program takes ROWS rows. BLOCK_N >= n_cols, a power of two.
-    x and r are read once, y and s written once.
+    EVEN_N (set by the launcher only for ROWS == 1 and n_cols == BLOCK_N): no masks. x and r are read
+    once, y and s written once.
     """
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     mask = (rows < n_rows)[:, None] & col_mask[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, 0.0, EVEN_N, "").to(tl.float32)
+    r = load_tile(r_ptr + rows[:, None] * stride_rm + cols[None, :], mask, 0.0, EVEN_N, "").to(tl.float32)
     s = (x + r).to(s_ptr.dtype.element_ty)
-    tl.store(s_ptr + rows[:, None] * stride_sm + cols[None, :], s, mask=mask)
+    store_tile(s_ptr + rows[:, None] * stride_sm + cols[None, :], s, mask, EVEN_N)
     s = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(s * s, axis=1) / n_cols + eps)
     y = s * rstd[:, None]
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = y * load_tile(w_ptr + cols, col_mask, 0.0, EVEN_N, "").to(tl.float32)[None, :]
+    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
 
 
 @triton.jit
@@ -66,12 +70,14 @@ def _add_rms_norm_fwd_looped_kernel(
     eps,
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
 ):
     """add_rms_norm of a row longer than one block: an add-and-sum-of-squares pass that stores s,
     then a normalising pass that reads s back.
 
     x_ptr, r_ptr, y_ptr, s_ptr: (n_rows, n_cols); w_ptr: (n_cols,). Grid: (n_rows,). x and r are
-    read once, s written once and read once, y written once.
+    read once, s written once and read once, y written once. EVEN_N: n_cols is a multiple of BLOCK_N, so
+    the loads and stores need no masks.
     """
     row = tl.program_id(0)
     s_row = s_ptr + row * stride_sm
@@ -79,10 +85,10 @@ def _add_rms_norm_fwd_looped_kernel(
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(r_ptr + row * stride_rm + cols, mask=mask, other=0.0).to(tl.float32)
+        x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        r = load_tile(r_ptr + row * stride_rm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         s = (x + r).to(s_ptr.dtype.element_ty)
-        tl.store(s_row + cols, s, mask=mask)
+        store_tile(s_row + cols, s, mask, EVEN_N)
         s = s.to(tl.float32)
         acc += s * s
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
@@ -92,7 +98,7 @@ def _add_rms_norm_fwd_looped_kernel(
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        y = tl.load(s_row + cols, mask=mask, other=0.0).to(tl.float32) * rstd
+        y = load_tile(s_row + cols, mask, 0.0, EVEN_N, "").to(tl.float32) * rstd
         if HAS_WEIGHT:
-            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+            y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)

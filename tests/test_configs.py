@@ -58,7 +58,13 @@ def test_every_config_matches_the_reference(
     assert ran == _expected_implementations(op, shape[-1])
 
 
-UNMASKED_FORWARDS = [kernelgate.rms_norm, kernelgate.softmax, kernelgate.log_softmax, kernelgate.layer_norm]
+UNMASKED_FORWARDS = [
+    kernelgate.rms_norm,
+    kernelgate.add_rms_norm,
+    kernelgate.softmax,
+    kernelgate.log_softmax,
+    kernelgate.layer_norm,
+]
 
 
 @pytest.mark.parametrize("cols", [128, 4096, 5120])
@@ -76,6 +82,8 @@ def test_forward_kernels_drop_their_masks_only_where_the_blocks_tile_the_row(
     variants = [values]
     if op is kernelgate.rms_norm:
         variants.append((values[0], None, values[2]))
+    if op is kernelgate.add_rms_norm:
+        variants.append((values[0], values[1], None, values[3]))
     if op is kernelgate.layer_norm:
         variants.append((values[0], values[1], None, None, values[4]))
     for args in variants:

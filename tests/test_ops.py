@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kernelgate
-from kernelgate.tolerance import assert_close
+from kernelgate.tolerance import assert_close, assert_no_worse
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # 1, odd and prime row lengths, one block exactly, and rows longer than one block (looped kernels).
@@ -141,6 +141,36 @@ def test_kernel_runs_on_the_tensors_device_not_the_current_one() -> None:
         y = kernelgate.softmax(x)
     assert y.device == x.device
     assert_close(y, torch.softmax(x, -1), reduction_length=100)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["triton", "auto"])
+def test_forward_and_backward_run_on_the_second_gpu(mode: str) -> None:
+    """Tensors on cuda:1 with cuda:0 current: forward and backward, tuned or forced, first call and the
+    memoised (fast-launch) calls after it, all give the reference's numbers on cuda:1 and leave cuda:0 current."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs to tell the tensors' device from the current one")
+    device = torch.device("cuda", 1)
+    x = _randn((64, 1000), torch.float32, device)
+    w = _randn((1000,), torch.float32, device, seed=3)
+    dy = _randn((64, 1000), torch.float32, device, seed=4)
+    xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    expected = torch.nn.functional.rms_norm(xr, (1000,), wr, 1e-6)
+    want_dx, want_dw = torch.autograd.grad(expected, (xr, wr), dy)
+    # The weight's gradient sums over rows whose terms cancel: held to no worse than twice torch's error
+    # against float64, as the norms' own tests do.
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    (true_dw,) = torch.autograd.grad(torch.nn.functional.rms_norm(x64, (1000,), w64, 1e-6), (w64,), dy.double())
+    with torch.cuda.device(0), kernelgate.use_mode(mode):
+        for _ in range(3):  # the first call plans (and tunes in auto); later ones take the memoised route
+            xk, wk = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+            y = kernelgate.rms_norm(xk, wk, 1e-6)
+            dx, dw = torch.autograd.grad(y, (xk, wk), dy)
+            assert torch.cuda.current_device() == 0
+            assert y.device == dx.device == dw.device == device
+            assert_close(y, expected, reduction_length=1000)
+            assert_close(dx, want_dx, reduction_length=1000)
+            assert_no_worse(dw, want_dw, true_dw)
 
 
 def test_interpreting_leaves_triton_language_unpatched() -> None:

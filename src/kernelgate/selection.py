@@ -309,7 +309,26 @@ def tune(
     interpret: bool,
     margin: float,
 ) -> tuple[dict[str, Any], list[CandidateResult]]:
-    """Gate and time every candidate; return the cache entry describing the winners, and the results."""
+    """Gate and time every candidate; return the cache entry describing the winners, and the results.
+
+    Runs with ``device`` current: a kernel launches on the current device, and inputs on another GPU
+    than the current one would otherwise be read from the wrong device and fail every gate.
+    """
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return _tune_here(op, values, device, impls, interpret, margin)
+    return _tune_here(op, values, device, impls, interpret, margin)
+
+
+def _tune_here(
+    op: Op,
+    values: tuple[Any, ...],
+    device: torch.device,
+    impls: Sequence[TritonImpl],
+    interpret: bool,
+    margin: float,
+) -> tuple[dict[str, Any], list[CandidateResult]]:
+    """:func:`tune` on the current device."""
     reduction = op.reduction_length(*values)
     expected = op.reference(*clone_args(values, op.mutated_positions))
     started = time.perf_counter()

@@ -87,7 +87,7 @@ def magnitude(expected: torch.Tensor) -> float:
     """The scale of ``ATOL`` for ``expected``: its largest finite magnitude, at least 1."""
     if not expected.dtype.is_floating_point or expected.numel() == 0:
         return 1.0
-    finite = expected[torch.isfinite(expected)]
+    finite = expected.detach()[torch.isfinite(expected)]  # a scale, not part of any graph
     return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
 
 

@@ -302,8 +302,8 @@ def _find_misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[_
                 )
             )
         step = _step_path(ours.note) if direction == FORWARD_BACKWARD else None
-        cause, clause = ("", "")
-        if step is not None and step.path == "eager":
+        cause, clause = _own_kernel_cause(ours, by_impl) if direction == FORWARD else ("", "")
+        if not cause and step is not None and step.path == "eager":
             cause, clause = _eager_step_cause(ours, eager, step)
         if not cause and direction == FORWARD_BACKWARD:
             cause, clause = _autograd_gap(ours, by_impl, floor)
@@ -321,6 +321,37 @@ def _find_misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[_
             else:
                 found.append(_Miss(op, dtype, direction, shape, target, cause, text + clause))
     return found
+
+
+# kernelgate's forward row names the candidate it ran ("auto: single_block[ROWS=1,num_warps=1] (tuned); ..."), and
+# that candidate's own row starts with the same label ("single_block[ROWS=1,num_warps=1]; tuned 68.0 us").
+_CHOSEN = re.compile(r"^auto: ([A-Za-z_]\w*(?:\[[^\]]*\])?) \(")
+# How much slower kernelgate may be than its own chosen kernel's row before the summary names that as the cause:
+# at bandwidth shapes kernelgate's dispatch is under 1 % of the call.
+OWN_KERNEL_RATIO = 1.10
+
+
+def _own_kernel_cause(ours: BenchRow, by_impl: dict[str, BenchRow]) -> tuple[str, str]:
+    """A forward miss where kernelgate ran a Triton candidate whose own row in the same case was more than
+    :data:`OWN_KERNEL_RATIO` times faster: the kernel is not the cause, the difference is in kernelgate's call as
+    timed there (``("call", clause)``); else ``("", "")``.
+
+    Only at bandwidth shapes, where kernelgate's dispatch is a small part of the call. On the H200 this marked,
+    for example, softmax float32 16384x2048 at 4207c1c: 116 us through kernelgate, 68 us for the same
+    configuration's own row, with torch.compile and Liger-Kernel also at half their usual speed in that case.
+    """
+    chosen = _CHOSEN.match(ours.note)
+    if ours.regime != "bandwidth" or chosen is None:
+        return "", ""
+    label = chosen.group(1)
+    same = by_impl.get("triton:" + label.split("[")[0])
+    if same is None or not same.note.startswith(label + ";") or ours.time_us <= OWN_KERNEL_RATIO * same.time_us:
+        return "", ""
+    return "call", (
+        f"; kernelgate ran {label}, whose own row in this case took {same.time_us:.1f} us "
+        f"({same.frac_of_copy:.2f} of copy): the kernel is not the cause, the difference is in kernelgate's call "
+        "as timed here"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -430,20 +461,22 @@ def _miss_digest(found: Sequence[_Miss]) -> list[str]:
             row["cause:" + m.cause] = row.get("cause:" + m.cause, 0) + 1
     columns = (
         "bandwidth", "peer", "eager", "host",
-        "cause:autograd", "cause:kernels", "cause:reference", "cause:timed", "cause:field",
+        "cause:autograd", "cause:kernels", "cause:reference", "cause:timed", "cause:field", "cause:call",
     )  # fmt: skip
     lines = [
-        "Misses per op and direction (a case can miss several targets). The last five columns count the "
+        "Misses per op and direction (a case can miss several targets). The last six columns count the "
         "misses whose cause the run shows: the autograd step (the op's kernels called without autograd take at "
         "most half of the step), kernels that are themselves short of the target, the reference chosen "
         "(faster than the Triton kernels there, or eager autograd chosen for the step), whose call is eager's "
         "plus kernelgate's dispatch, a step timed faster through kernelgate's Function once but slower than "
-        "eager when measured, or no implementation measured at the case reaching the bandwidth target.",
+        "eager when measured, no implementation measured at the case reaching the bandwidth target, or a "
+        "forward whose chosen kernel, timed in its own row of the same case, was more than "
+        f"{OWN_KERNEL_RATIO - 1:.0%} faster than kernelgate (the kernel is not the cause).",
         "",
         "| op | direction | below bandwidth target | behind best peer | slower than eager | host cost | "
         "cause: autograd step | cause: kernels short | cause: reference + dispatch | cause: step timed faster | "
-        "cause: none reaches it |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "cause: none reaches it | cause: its kernel faster alone |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (op, direction), row in counts.items():
         lines.append(f"| {op} | {direction} | " + " | ".join(str(row.get(c, 0)) for c in columns) + " |")

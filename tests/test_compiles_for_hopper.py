@@ -64,7 +64,8 @@ def test_persistent_stages_compile_to_asynchronous_copies(triton_cache: Path, op
         before = set(triton_cache.rglob("*.ptx")) if triton_cache.exists() else set()
         call_state.collect = []
         try:
-            run_candidate(impl, {"num_warps": 8, "NUM_STAGES": stages, "PER_SM": 1}, values, interpret=False, poison=False)
+            config = {"num_warps": 8, "NUM_STAGES": stages, "PER_SM": 1}
+            run_candidate(impl, config, values, interpret=False, poison=False)
         finally:
             call_state.collect = None
         (ptx,) = set(triton_cache.rglob("*.ptx")) - before

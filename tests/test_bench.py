@@ -11,6 +11,7 @@ import math
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,35 @@ def test_unknown_op_names_the_known_ones() -> None:
         bench.run(["softmax_backward"], device="cpu")
     with pytest.raises(bench.BenchError, match="dtype must be one of"):
         bench.run(["softmax"], ["int8"], suite=TINY, device="cpu")
+
+
+def test_a_negative_hold_is_refused() -> None:
+    """hold_us is a time to hold the GPU busy: a negative one raises BenchError naming it."""
+    with pytest.raises(bench.BenchError, match=r"hold_us must be >= 0 microseconds; got -1"):
+        bench.run(["softmax"], suite=TINY, device="cpu", hold_us=-1.0)
+
+
+@pytest.mark.gpu
+def test_the_hold_keeps_the_hosts_lateness_out_of_the_device_time() -> None:
+    """A call that keeps the host busy 300 us before it launches a short kernel. do_bench's start event runs when
+    its L2 flush ends, so the GPU's wait for the late launch is counted; held 1000 us after each flush, the GPU
+    reaches the start event after the launch was issued, and only the kernel is counted."""
+    x = torch.zeros(1024, device="cuda")
+
+    def late() -> None:
+        until = time.perf_counter() + 300e-6
+        while time.perf_counter() < until:
+            pass
+        x.add_(1)
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    plain = bench_runner._Timing(
+        warmup_ms=2, rep_ms=10, hold_us=0.0, cpu_repeats=1, repeats=1, host_calls=10, latency_bytes=1
+    )
+    late_us = bench_runner._time_us(late, device, plain)
+    held_us = bench_runner._time_us(late, device, dataclasses.replace(plain, hold_us=1000.0))
+    assert late_us > 150, late_us
+    assert held_us < 50, held_us
 
 
 def test_spec_of_an_unregistered_op_waits(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -368,6 +368,7 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
                 interpret=args.interpret,
                 warmup_ms=args.warmup,
                 rep_ms=args.rep,
+                hold_us=args.hold_us,
                 repeats=args.repeats,
                 host_calls=args.host_calls,
                 latency_bytes=report.LATENCY_BYTES if args.latency_mib is None else int(args.latency_mib * 2**20),
@@ -443,6 +444,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-liger", action="store_true", help="skip Liger-Kernel even where it is installed")
     bench.add_argument("--warmup", type=int, default=5, help="do_bench warm-up, ms (default 5)")
     bench.add_argument("--rep", type=int, default=20, help="do_bench measuring time, ms (default 20)")
+    bench.add_argument(
+        "--hold-us",
+        type=float,
+        default=0.0,
+        metavar="US",
+        help="GPU: hold the device busy this long after each L2 flush, so the time excludes the host's lateness "
+        "past the flush (default 0: do_bench as it is)",
+    )
     bench.add_argument("--repeats", type=int, default=1, help="interleaved rounds per measurement (median)")
     bench.add_argument("--host-calls", type=int, default=None, help="calls per host-cost measurement")
     bench.add_argument(

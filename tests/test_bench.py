@@ -839,6 +839,20 @@ def test_forward_backward_misses_name_the_path_the_steps_took(
     digest = bench.write_summary([eager, kept, kernels], tmp_path / "summary.md").read_text()
     assert f"| {base.op} | forward+backward | 1 | 1 | 1 | 0 | 2 | 0 | 0 | 1 | 0 | 0 |" in digest
 
+    # Measured with steps back to back, as the timing ran them, the Function was no slower than eager: the miss says
+    # the choice holds in that regime and this measurement's idle GPU before each step adds the host's time.
+    steady_eager = dataclasses.replace(eager, host_us=100.0)
+    steady_kept = dataclasses.replace(kept, host_us=95.0)
+    (slower,) = [t for t in bench.misses([steady_eager, steady_kept, kernels]) if "slower than eager" in t]
+    assert slower.endswith(
+        "measured here it took 150.0 us. With steps issued back to back, the regime that timing chose for, it took "
+        "95.0 us against eager's 100.0: the choice holds there; here each step starts on an idle GPU after an L2 "
+        "flush, and the Function's longer host time adds to the device's"
+    ), slower
+    slow_steady = dataclasses.replace(kept, host_us=120.0)
+    (slower,) = [t for t in bench.misses([steady_eager, slow_steady, kernels]) if "slower than eager" in t]
+    assert slower.endswith("the Function's host time varies from step to step"), slower
+
     # A Function step kept without timing (tuning off, a forced backward): no timing to name.
     untimed = dataclasses.replace(kept, note=f"{planned}; autograd step: function: tuning is off: kept")
     assert not any("timed once" in t for t in bench.misses([eager, untimed, kernels]))

@@ -206,10 +206,12 @@ def test_unknown_op_names_the_known_ones() -> None:
         bench.run(["softmax"], ["int8"], suite=TINY, device="cpu")
 
 
-def test_a_negative_hold_is_refused() -> None:
-    """hold_us is a time to hold the GPU busy: a negative one raises BenchError naming it."""
+def test_a_negative_hold_is_refused_and_the_cli_default_is_the_modules() -> None:
+    """hold_us is a time to hold the GPU busy: a negative one raises BenchError naming it. The CLI holds as long
+    as the Python API does by default."""
     with pytest.raises(bench.BenchError, match=r"hold_us must be >= 0 microseconds; got -1"):
         bench.run(["softmax"], suite=TINY, device="cpu", hold_us=-1.0)
+    assert _parser().parse_args(["bench"]).hold_us == bench_runner.DEFAULT_HOLD_US > 0
 
 
 @pytest.mark.gpu

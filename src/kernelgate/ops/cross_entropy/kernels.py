@@ -69,16 +69,18 @@ def _smoothing_sums(sum_w, sum_wx, x, cols, mask, pivot, weight_ptr, HAS_WEIGHT:
 @triton.jit
 def _streamed_sums(
     x_row, weight_ptr, n_read, n_cols, pivot, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
-    EVICTION: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVICTION: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """The first ``n_read`` (0 or ``n_cols``) elements of a row streamed in blocks of BLOCK_N with an online
     maximum (one exp per element): ``m``, and the per-lane sums ``s`` and, with HAS_SMOOTHING, those of
-    :func:`_smoothing_sums`. EVICTION: the cache policy of the row's loads."""
+    :func:`_smoothing_sums`. EVICTION: the cache policy of the row's loads. NUM_STAGES goes to the loop's
+    ``tl.range``: from 2 on, the next blocks' loads are in flight (asynchronous copies on sm_90) while one is
+    reduced; a plain loop compiles to none."""
     m = tl.full((), float("-inf"), tl.float32)
     s = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of exp(x - m)
     sum_w = tl.zeros([BLOCK_N], tl.float32)
     sum_wx = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of w * (x - pivot)
-    for start in range(0, n_read, BLOCK_N):
+    for start in tl.range(0, n_read, BLOCK_N, num_stages=NUM_STAGES):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
         x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy=EVICTION).to(tl.float32)
@@ -116,7 +118,7 @@ def _store_row_loss(
 def _cross_entropy_fwd_kernel(
     x_ptr, target_ptr, weight_ptr, loss_ptr, target_weight_ptr, stats_ptr, stride_xm, stride_tm, n_cols,
     ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
-    WRITE_TARGET_WEIGHT: tl.constexpr, WRITE_STATS: tl.constexpr, BLOCK_N: tl.constexpr,
+    WRITE_TARGET_WEIGHT: tl.constexpr, WRITE_STATS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """loss[m] = (1 - eps) * w[t] * (lse - x[t]) + eps / C * sum_c w[c] * (lse - x[c]), in one read of the row.
 
@@ -128,16 +130,17 @@ def _cross_entropy_fwd_kernel(
     Grid: (n_rows,). The smoothing term (only with HAS_SMOOTHING) is ``W * (lse - p) - sum(w * (x - p))``
     with the pivot ``p = x[t]``, which takes a common offset of the logits out of the sum.
 
-    The row is streamed in blocks of BLOCK_N with an online maximum: one exp per element. An ignored
-    row's loss is 0 and a bad row's NaN; neither reads the row.
+    The row is streamed in blocks of BLOCK_N with an online maximum: one exp per element, NUM_STAGES blocks in
+    flight (:func:`_streamed_sums`). An ignored row's loss is 0 and a bad row's NaN; neither reads the row.
     """
     row = tl.program_id(0)
     ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
     x_row = x_ptr + row * stride_xm
     x_t, pivot = _target_logit(x_row, t_safe, valid)
     m, s, sum_w, sum_wx = _streamed_sums(
-        x_row, weight_ptr, tl.where(valid, n_cols, 0), n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_first", BLOCK_N
-    )
+        x_row, weight_ptr, tl.where(valid, n_cols, 0), n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_first", BLOCK_N,
+        NUM_STAGES,
+    )  # fmt: skip
     _, log_s, _ = _store_row_loss(
         loss_ptr, target_weight_ptr, row, m, s, sum_w, sum_wx, x_t, pivot, weight_ptr, t_safe, valid, ignored, n_cols,
         label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
@@ -331,7 +334,7 @@ def _cross_entropy_bwd_looped_kernel(
 def _cross_entropy_fwd_grad_kernel(
     x_ptr, target_ptr, weight_ptr, share_ptr, loss_ptr, target_weight_ptr, dx_ptr, stride_xm, stride_tm, n_cols,
     ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, MEAN: tl.constexpr,
-    WRITE_TARGET_WEIGHT: tl.constexpr, LOOPED: tl.constexpr, BLOCK_N: tl.constexpr,
+    WRITE_TARGET_WEIGHT: tl.constexpr, LOOPED: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """The row's loss, as :func:`_cross_entropy_fwd_kernel` writes it, and its gradient for an incoming gradient
     of 1: ``dx[m, :] = g * _dlogits(softmax(x[m, :]))``.
@@ -341,8 +344,8 @@ def _cross_entropy_fwd_grad_kernel(
     weights, from :func:`_cross_entropy_bwd_scale_kernel`; read only with MEAN); ``g`` is 1 otherwise,
     0 for a row that is not valid. Grid: (n_rows,). Without LOOPED, BLOCK_N >= n_cols (a power of
     two) and the row is read once, held in registers. With LOOPED a first pass streams the row for
-    its loss, ``m`` and ``log(s)`` (asking the cache to keep it) and a second reads it again to write
-    dx: on the H200 that read costs about as much as the first, even for rows of 32000 bf16.
+    its loss, ``m`` and ``log(s)`` (asking the cache to keep it; NUM_STAGES blocks in flight) and a second reads
+    it again to write dx: on the H200 that read costs about as much as the first, even for rows of 32000 bf16.
     An ignored row is read (its gradient is 0, or NaN where its softmax is NaN, as torch's); a bad
     row is not (its gradient is NaN).
     """
@@ -353,7 +356,7 @@ def _cross_entropy_fwd_grad_kernel(
     n_read = tl.where(valid | ignored, n_cols, 0)
     if LOOPED:
         m, s, sum_w, sum_wx = _streamed_sums(
-            x_row, weight_ptr, n_read, n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_last", BLOCK_N
+            x_row, weight_ptr, n_read, n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_last", BLOCK_N, NUM_STAGES
         )
     else:
         cols = tl.arange(0, BLOCK_N)

@@ -50,25 +50,37 @@ def test_every_implementation_compiles_for_sm90(triton_cache: Path, op: Op, shap
     assert compiled, f"{op.name}: no implementation accepts {shape}"
 
 
-@pytest.mark.parametrize("op_name", ["softmax", "log_softmax", "rms_norm"])
-def test_persistent_stages_compile_to_asynchronous_copies(triton_cache: Path, op_name: str) -> None:
-    """The persistent kernels' NUM_STAGES is what keeps the next rows' loads in flight: with the launch's
-    specialisation, 3 stages compile to cp.async copies for sm_90 and 1 stage to none. (A plain ``range`` loop
-    compiled to none, and on the H200 bf16 softmax at rows of 4096 fell from 0.72 to 0.53 of copy.)"""
+# (op, implementation, its configuration but for NUM_STAGES, the kernel whose loop takes the stages)
+STAGED = [
+    ("softmax", "persistent", {"num_warps": 8, "PER_SM": 1}, "_softmax_fwd_persistent_kernel"),
+    ("log_softmax", "persistent", {"num_warps": 8, "PER_SM": 1}, "_log_softmax_fwd_persistent_kernel"),
+    ("rms_norm", "persistent", {"num_warps": 8, "PER_SM": 1}, "_rms_norm_fwd_persistent_kernel"),
+    ("cross_entropy", "looped", {"BLOCK_N": 1024, "num_warps": 4}, "_cross_entropy_fwd_kernel"),
+    ("cross_entropy_with_grad", "looped", {"BLOCK_N": 1024, "num_warps": 4}, "_cross_entropy_fwd_grad_kernel"),
+]
+
+
+@pytest.mark.parametrize(("op_name", "impl_name", "config", "kernel"), STAGED, ids=[s[0] for s in STAGED])
+def test_stages_compile_to_asynchronous_copies(
+    triton_cache: Path, op_name: str, impl_name: str, config: dict[str, int], kernel: str
+) -> None:
+    """A loop's NUM_STAGES is what keeps the next loads in flight: with the launch's specialisation, 3 stages
+    compile to cp.async copies for sm_90 and 1 stage to none (the persistent kernels' row loop, cross_entropy's
+    streaming of a long row). A plain ``range`` loop compiled to none, and on the H200 bf16 softmax at rows of
+    4096 fell from 0.72 to 0.53 of copy through its persistent kernel."""
     op = next(op for op in BUILTIN_OPS if op.name == op_name)
-    impl = next(impl for impl in op.implementations if impl.name == "persistent")
+    impl = next(impl for impl in op.implementations if impl.name == impl_name)
     assert op.make_inputs is not None
     values = op.make_inputs((4, 4096), torch.bfloat16, torch.device("cpu"))
     copies = {}
     for stages in (1, 3):
-        before = set(triton_cache.rglob("*.ptx")) if triton_cache.exists() else set()
+        before = set(triton_cache.rglob(f"{kernel}.ptx")) if triton_cache.exists() else set()
         call_state.collect = []
         try:
-            config = {"num_warps": 8, "NUM_STAGES": stages, "PER_SM": 1}
-            run_candidate(impl, config, values, interpret=False, poison=False)
+            run_candidate(impl, {**config, "NUM_STAGES": stages}, values, interpret=False, poison=False)
         finally:
             call_state.collect = None
-        (ptx,) = set(triton_cache.rglob("*.ptx")) - before
+        (ptx,) = set(triton_cache.rglob(f"{kernel}.ptx")) - before
         copies[stages] = ptx.read_text().count("cp.async.c")
     assert copies[1] == 0, copies
     assert copies[3] > 0, copies

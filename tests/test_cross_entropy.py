@@ -618,6 +618,7 @@ CONFIG_CASES = [
     ((5, 100), "weight", 0.1, "none"),
     ((2, 20000), None, 0.1, "sum"),
     ((2, 20000), "weight", 0.1, "mean"),
+    ((3, 2048), None, 0.0, "none"),  # whole blocks only: the streamed loops' unmasked path with no partial block
 ]
 
 

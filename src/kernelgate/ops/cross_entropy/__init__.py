@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 from kernelgate import rowwise
-from kernelgate.config import Config
+from kernelgate.config import Config, ConfigSpace
 from kernelgate.contract import FLOAT_DTYPES, ChoiceArg, ScalarArg, TensorArg
 from kernelgate.errors import InputValueError
 from kernelgate.launch import LazyKernel, as_rows, empty, launch
@@ -124,6 +124,7 @@ def _forward(
     reduction: str,
     block: int,
     num_warps: int,
+    stages: int,
     with_stats: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The loss, and with ``with_stats`` each row's ``(m, log(s))`` (see cross_entropy_with_stats)."""
@@ -136,7 +137,7 @@ def _forward(
         CROSS_ENTROPY_FWD, (rows.n_rows,), rows.tensor, t, _weight(weight, rows.tensor), loss, target_weight, stats,
         rows.stride, stride_t, rows.n_cols, ignore_index, float(label_smoothing),
         HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, WRITE_TARGET_WEIGHT=reduction == "mean",
-        WRITE_STATS=with_stats, BLOCK_N=block, num_warps=num_warps,
+        WRITE_STATS=with_stats, BLOCK_N=block, NUM_STAGES=stages, num_warps=num_warps,
     )  # fmt: skip
     return _reduce(loss, target_weight, logits, reduction), stats if with_stats else None
 
@@ -192,6 +193,7 @@ def _forward_with_grad(
     looped: bool,
     block: int,
     num_warps: int,
+    stages: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss and its gradient for an incoming gradient of 1 (see cross_entropy_with_grad)."""
     check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
@@ -209,7 +211,7 @@ def _forward_with_grad(
         CROSS_ENTROPY_FWD_GRAD, (rows.n_rows,), rows.tensor, t, w, share, loss, target_weight, dx, rows.stride,
         stride_t, rows.n_cols, ignore_index, float(label_smoothing),
         HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, MEAN=mean, WRITE_TARGET_WEIGHT=mean,
-        LOOPED=looped, BLOCK_N=block, num_warps=num_warps,
+        LOOPED=looped, BLOCK_N=block, NUM_STAGES=stages, num_warps=num_warps,
     )  # fmt: skip
     return _reduce(loss, target_weight, logits, reduction), dx
 
@@ -218,10 +220,10 @@ def _forward_launchers(returns: str) -> tuple[Any, Any]:
     """The single-block and looped launchers of cross_entropy (``returns="loss"``), cross_entropy_with_stats
     (``"stats"``) or cross_entropy_with_grad (``"grad"``)."""
 
-    def run(args: tuple[Any, Any, Any, Any, Any, Any], looped: bool, block: int, num_warps: int) -> Any:
+    def run(args: tuple[Any, Any, Any, Any, Any, Any], looped: bool, block: int, num_warps: int, stages: int) -> Any:
         if returns == "grad":
-            return _forward_with_grad(*args, looped, block, num_warps)
-        loss, stats = _forward(*args, block, num_warps, returns == "stats")
+            return _forward_with_grad(*args, looped, block, num_warps, stages)
+        loss, stats = _forward(*args, block, num_warps, stages, returns == "stats")
         return (loss, stats) if returns == "stats" else loss
 
     def single_block(
@@ -235,7 +237,7 @@ def _forward_launchers(returns: str) -> tuple[Any, Any]:
         config: Config,
     ) -> Any:
         args = (logits, target, weight, ignore_index, label_smoothing, reduction)
-        return run(args, False, rowwise.single_block(_n_cols(logits)), config["num_warps"])
+        return run(args, False, rowwise.single_block(_n_cols(logits)), config["num_warps"], 1)
 
     def looped(
         logits: torch.Tensor,
@@ -248,7 +250,7 @@ def _forward_launchers(returns: str) -> tuple[Any, Any]:
         config: Config,
     ) -> Any:
         args = (logits, target, weight, ignore_index, label_smoothing, reduction)
-        return run(args, True, config["BLOCK_N"], config["num_warps"])
+        return run(args, True, config["BLOCK_N"], config["num_warps"], config["NUM_STAGES"])
 
     return single_block, looped
 
@@ -339,10 +341,31 @@ def _backward_launchers(into: bool) -> tuple[Any, Any]:
     return single_block, looped
 
 
+# The forwards' looped implementation also tunes how many blocks of the row are in flight (the streaming
+# loop's tl.range stages: asynchronous copies on sm_90 from 2 on, none in a plain loop). On the H200 3 stages
+# were fastest at every suite shape in both dtypes (`ce-variants-bb6a88a.txt`); 1 stays for rows where staging
+# does not pay, and 2 is left out to keep the tuning short.
+LOOPED_FORWARD_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16), NUM_STAGES=(1, 3))
+LOOPED_FORWARD_DEFAULT: Config = {**rowwise.LOOPED_DEFAULT, "NUM_STAGES": 1}
+
+
+def _prune_looped_forward(config: Config, logits: torch.Tensor) -> bool:
+    """A looped forward configuration that suits the row, with the blocks staged ahead (all but the one being
+    reduced) within :data:`rowwise.PERSISTENT_STAGE_BYTES` of shared memory."""
+    staged = (config["NUM_STAGES"] - 1) * config["BLOCK_N"] * logits.element_size()
+    return rowwise.prune_looped(config, _n_cols(logits)) and staged <= rowwise.PERSISTENT_STAGE_BYTES
+
+
 def _impls(
-    single_block: Any, looped: Any, kernels: tuple[tuple[LazyKernel, ...], tuple[LazyKernel, ...]], skip: int
+    single_block: Any,
+    looped: Any,
+    kernels: tuple[tuple[LazyKernel, ...], tuple[LazyKernel, ...]],
+    skip: int,
+    *,
+    staged: bool = False,
 ) -> tuple[TritonImpl, TritonImpl]:
-    """A single-block and a looped implementation; ``skip`` arguments precede the logits."""
+    """A single-block and a looped implementation; ``skip`` arguments precede the logits. ``staged``: the
+    looped launcher takes NUM_STAGES too (the forwards)."""
 
     def n_cols(*args: Any) -> int:
         return _n_cols(args[skip])
@@ -363,9 +386,13 @@ def _impls(
             looped,
             kernels[1],
             dtypes=DTYPES,
-            configs=rowwise.LOOPED_CONFIGS,
-            default_config=rowwise.LOOPED_DEFAULT,
-            prune=lambda config, *args: rowwise.prune_looped(config, n_cols(*args)),
+            configs=LOOPED_FORWARD_CONFIGS if staged else rowwise.LOOPED_CONFIGS,
+            default_config=LOOPED_FORWARD_DEFAULT if staged else rowwise.LOOPED_DEFAULT,
+            prune=(
+                (lambda config, *args: _prune_looped_forward(config, args[skip]))
+                if staged
+                else (lambda config, *args: rowwise.prune_looped(config, n_cols(*args)))
+            ),
         ),
     )
 
@@ -453,6 +480,7 @@ cross_entropy_with_stats = Op(
         *_forward_launchers("stats"),
         ((CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE), (CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE)),
         skip=0,
+        staged=True,
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,
@@ -468,6 +496,7 @@ cross_entropy_with_grad = Op(
         *_forward_launchers("grad"),
         ((CROSS_ENTROPY_FWD_GRAD, CROSS_ENTROPY_BWD_SCALE, CROSS_ENTROPY_REDUCE),) * 2,
         skip=0,
+        staged=True,
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,
@@ -645,6 +674,7 @@ cross_entropy = Op(
         *_forward_launchers("loss"),
         ((CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE), (CROSS_ENTROPY_FWD, CROSS_ENTROPY_REDUCE)),
         skip=0,
+        staged=True,
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,

@@ -8,20 +8,12 @@ when ``t`` is a class index in ``[0, C)``, *ignored* when ``t == ignore_index``,
 The row's log-sum-exp is kept as ``m + log(s)`` (``m`` the row's maximum), and differences such as
 ``m - x[t]`` are taken before ``log(s)`` is added: near the maximum they are exact, so large logits
 (``|x| ~ 1e4``) lose no precision to the rounding of ``lse``.
-
-The sums ``s`` are of ``exp2(fma(x, log2(e), -b))`` with ``b = m * log2(e)`` rounded: one fused multiply-add and
-one ``ex2`` per element (``exp(x - m)`` takes a subtraction more, and the streamed bf16 forward is bound by
-its instructions, not its bytes). ``b``'s rounding scales every term alike; :func:`_log_sum` takes it back out
-exactly (an fma gives the rounding's residual), so large logits lose nothing to it either.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
-LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2)
 
 
 @triton.jit
@@ -52,31 +44,14 @@ def _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _exponent_base(m):
-    """``b = m * log2(e)`` rounded to float32: the offset of the streamed sums' exponents (0 while ``m`` is -inf,
-    nothing read yet, so that a -inf logit gives exp2(-inf) = 0 and not NaN)."""
-    return tl.where(m == float("-inf"), 0.0, m * LOG2E)
-
-
-@triton.jit
 def _online_lse(m, s, x):
     """One block ``x`` (float32, -inf where masked) added to a streamed log-sum-exp: the running maximum ``m``
-    and the per-lane sums ``s`` of ``exp2(x * log2(e) - b)`` (``b`` of :func:`_exponent_base`), returned
-    updated; :func:`_log_sum` turns them into ``log(sum(exp(x - m)))``."""
+    and the per-lane sums ``s`` of ``exp(x - m)``, returned updated."""
     m_new = tl.maximum(m, tl.max(x, axis=0))
-    # Equal maxima (both -inf included) keep s; a NaN anywhere makes s NaN, as torch's result is. The factor moves
-    # s from the old base to the new one, both rounded as _exponent_base rounds them.
-    s = s * tl.where(m_new == m, 1.0, tl.exp2(m * LOG2E - m_new * LOG2E))
-    s += tl.exp2(tl.fma(x, LOG2E, -_exponent_base(m_new)))
+    # Equal maxima (both -inf included) keep s; a NaN anywhere makes s NaN, as torch's result is.
+    s = s * tl.where(m_new == m, 1.0, tl.exp(m - m_new))
+    s += tl.exp(x - tl.where(m_new == float("-inf"), 0.0, m_new))
     return m_new, s
-
-
-@triton.jit
-def _log_sum(m, s):
-    """``log(sum(exp(x - m)))`` from the per-lane sums of :func:`_online_lse`: they are ``exp2(d)`` times it, with
-    ``d = m * log2(e) - b`` the rounding of the base, which an fma gives exactly (0 while ``m`` is not finite)."""
-    d = tl.where(tl.abs(m) < float("inf"), tl.fma(m, LOG2E, -_exponent_base(m)), 0.0)
-    return tl.log(tl.sum(s, axis=0)) - d * LN2
 
 
 @triton.jit
@@ -123,7 +98,7 @@ def _streamed_sums(
     NUM_STAGES goes to the loop's ``tl.range``: from 2 on, the next blocks' loads are in flight (asynchronous
     copies on sm_90) while one is reduced; a plain loop compiles to none."""
     m = tl.full((), float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of exp2(x * log2(e) - b), see _online_lse
+    s = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of exp(x - m)
     sum_w = tl.zeros([BLOCK_N], tl.float32)
     sum_wx = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of w * (x - pivot)
     n_whole = n_read // BLOCK_N * BLOCK_N
@@ -149,7 +124,7 @@ def _store_row_loss(
     WRITE_TARGET_WEIGHT ``w[t]``; return ``w[t]``, the row's ``log(s)``, and ``W`` (``C`` unless HAS_WEIGHT and
     HAS_SMOOTHING). An ignored row's loss is 0, a bad row's NaN."""
     w_t = _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT)
-    log_s = _log_sum(m, s)
+    log_s = tl.log(tl.sum(s, axis=0))
     loss = w_t * ((m - x_t) + log_s)
     total_w = n_cols + 0.0
     if HAS_SMOOTHING:
@@ -361,7 +336,7 @@ def _cross_entropy_bwd_looped_kernel(
         cols = start + tl.arange(0, BLOCK_N)
         x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy="evict_last")
         m, s = _online_lse(m, s, x.to(tl.float32))
-    log_s = _log_sum(m, s)
+    log_s = tl.log(tl.sum(s, axis=0))
     if HAS_STATS:
         m = tl.where(valid, tl.load(stats_ptr + 2 * row, mask=valid, other=0.0), m)
         log_s = tl.where(valid, tl.load(stats_ptr + 2 * row + 1, mask=valid, other=0.0), log_s)

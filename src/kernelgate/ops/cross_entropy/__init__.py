@@ -56,15 +56,16 @@ checking costs no synchronisation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
 
-from kernelgate import rowwise
+from kernelgate import backend, rowwise
 from kernelgate.config import Config, ConfigSpace
 from kernelgate.contract import FLOAT_DTYPES, ChoiceArg, ScalarArg, TensorArg
 from kernelgate.errors import InputValueError
-from kernelgate.launch import LazyKernel, as_rows, empty, launch
+from kernelgate.launch import LazyKernel, as_rows, call_state, empty, launch
 from kernelgate.library import Backward
 from kernelgate.op import HALF_AND_FLOAT, Op, TritonImpl
 from kernelgate.ops.cross_entropy.reference import (
@@ -92,6 +93,7 @@ CROSS_ENTROPY_BWD = LazyKernel(_KERNELS, "_cross_entropy_bwd_kernel")
 CROSS_ENTROPY_BWD_LOOPED = LazyKernel(_KERNELS, "_cross_entropy_bwd_looped_kernel")
 CROSS_ENTROPY_BWD_SCALE = LazyKernel(_KERNELS, "_cross_entropy_bwd_scale_kernel")
 CROSS_ENTROPY_FWD_GRAD = LazyKernel(_KERNELS, "_cross_entropy_fwd_grad_kernel")
+FMA_PROBE = LazyKernel(_KERNELS, "_fma_probe_kernel")
 # Float logits (and weights) and the int64 targets.
 DTYPES = (*HALF_AND_FLOAT, torch.int64)
 # Rows per block of the one-program reductions over rows (of at most a few MB).
@@ -113,6 +115,22 @@ def _weight(weight: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor
     if weight is None:
         return fallback
     return weight if weight.stride(0) == 1 else weight.contiguous()
+
+
+@functools.cache
+def _interpreter_rounds_fma_once() -> bool:
+    """Whether Triton's interpreter computes ``tl.fma`` with one rounding, as a GPU does (Triton 3.6's multiplies
+    and then adds, rounding twice): the residual of (1 + 2**-23) squared is 2**-46 with one rounding, 0 with two."""
+    x = torch.full((2,), 1.0 + 2.0**-23)
+    out = torch.zeros(1)
+    backend.launch_interpreted(FMA_PROBE.resolve(), (1,), (x, out), {})
+    return bool(out.item() != 0.0)
+
+
+def _exp2_sums() -> bool:
+    """The streamed forwards' EXP2 (the kernels' module docstring): wherever an fma rounds once, that is compiled,
+    or in an interpreter that rounds it once; elsewhere the sums keep ``exp``, as exact as before."""
+    return not call_state.interpret or _interpreter_rounds_fma_once()
 
 
 def _forward(
@@ -137,7 +155,7 @@ def _forward(
         CROSS_ENTROPY_FWD, (rows.n_rows,), rows.tensor, t, _weight(weight, rows.tensor), loss, target_weight, stats,
         rows.stride, stride_t, rows.n_cols, ignore_index, float(label_smoothing),
         HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, WRITE_TARGET_WEIGHT=reduction == "mean",
-        WRITE_STATS=with_stats, BLOCK_N=block, NUM_STAGES=stages, num_warps=num_warps,
+        WRITE_STATS=with_stats, BLOCK_N=block, NUM_STAGES=stages, EXP2=_exp2_sums(), num_warps=num_warps,
     )  # fmt: skip
     return _reduce(loss, target_weight, logits, reduction), stats if with_stats else None
 
@@ -211,7 +229,7 @@ def _forward_with_grad(
         CROSS_ENTROPY_FWD_GRAD, (rows.n_rows,), rows.tensor, t, w, share, loss, target_weight, dx, rows.stride,
         stride_t, rows.n_cols, ignore_index, float(label_smoothing),
         HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, MEAN=mean, WRITE_TARGET_WEIGHT=mean,
-        LOOPED=looped, BLOCK_N=block, NUM_STAGES=stages, num_warps=num_warps,
+        LOOPED=looped, BLOCK_N=block, NUM_STAGES=stages, EXP2=_exp2_sums(), num_warps=num_warps,
     )  # fmt: skip
     return _reduce(loss, target_weight, logits, reduction), dx
 

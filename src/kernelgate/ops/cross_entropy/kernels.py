@@ -8,12 +8,22 @@ when ``t`` is a class index in ``[0, C)``, *ignored* when ``t == ignore_index``,
 The row's log-sum-exp is kept as ``m + log(s)`` (``m`` the row's maximum), and differences such as
 ``m - x[t]`` are taken before ``log(s)`` is added: near the maximum they are exact, so large logits
 (``|x| ~ 1e4``) lose no precision to the rounding of ``lse``.
+
+With EXP2 the streamed forwards sum ``exp2(fma(x, log2(e), -b))`` instead of ``exp(x - m)``: one fused
+multiply-add and one ``ex2`` per element, a subtraction fewer (the bf16 forward is bound by its instructions).
+The base ``b = m * log2(e)`` is rounded once (an fma with a zero addend, which the compiler cannot fuse into
+the rescale's subtraction), every term carries the same rounding, and :func:`_log_sum_exp2` takes it back out
+exactly (another fma gives the product's residual). That needs an fma rounded once: compiled kernels have it;
+the launchers leave EXP2 off in a Triton interpreter that rounds twice.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2)
 
 
 @triton.jit
@@ -55,6 +65,33 @@ def _online_lse(m, s, x):
 
 
 @triton.jit
+def _exponent_base(m):
+    """``b = m * log2(e)``, rounded once; 0 while ``m`` is -inf (nothing read yet), so that a -inf logit gives
+    exp2(-inf) = 0 and not NaN."""
+    return tl.where(m == float("-inf"), 0.0, tl.fma(m, LOG2E, 0.0))
+
+
+@triton.jit
+def _online_lse_exp2(m, b, s, x):
+    """:func:`_online_lse` in the exp2 form: ``s`` holds the per-lane sums of ``exp2(x * log2(e) - b)``, ``b`` the
+    base of ``m`` (:func:`_exponent_base`); all three returned updated."""
+    m_new = tl.maximum(m, tl.max(x, axis=0))
+    b_new = _exponent_base(m_new)
+    # Equal maxima keep s; from -inf (s is 0) the factor is 0, not exp2 of a base that may overflow.
+    s = s * tl.where(m_new == m, 1.0, tl.where(m == float("-inf"), 0.0, tl.exp2(b - b_new)))
+    s += tl.exp2(tl.fma(x, LOG2E, -b_new))
+    return m_new, b_new, s
+
+
+@triton.jit
+def _log_sum_exp2(m, b, s):
+    """``log(sum(exp(x - m)))`` from the sums of :func:`_online_lse_exp2`: they are ``2**(m * log2(e) - b)``
+    times it, and an fma gives that exponent exactly (0 unless ``m`` is finite)."""
+    residual = tl.where(tl.abs(m) < float("inf"), tl.fma(m, LOG2E, -b), 0.0)
+    return tl.log(tl.sum(s, axis=0)) - residual * LN2
+
+
+@triton.jit
 def _smoothing_sums(sum_w, sum_wx, x, cols, mask, pivot, weight_ptr, HAS_WEIGHT: tl.constexpr):
     """One block added to the per-lane sums of the smoothing term: ``w`` and ``w * (x - pivot)``."""
     if HAS_WEIGHT:
@@ -68,8 +105,8 @@ def _smoothing_sums(sum_w, sum_wx, x, cols, mask, pivot, weight_ptr, HAS_WEIGHT:
 
 @triton.jit
 def _streamed_block(
-    m, s, sum_w, sum_wx, x_row, cols, n_cols, pivot, weight_ptr, HAS_WEIGHT: tl.constexpr,
-    HAS_SMOOTHING: tl.constexpr, EVICTION: tl.constexpr, MASKED: tl.constexpr,
+    m, b, s, sum_w, sum_wx, x_row, cols, n_cols, pivot, weight_ptr, HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, EVICTION: tl.constexpr, MASKED: tl.constexpr, EXP2: tl.constexpr,
 ):  # fmt: skip
     """The columns ``cols`` of a row added to the sums of :func:`_streamed_sums`; without MASKED every column
     is in the row and the load takes no mask."""
@@ -78,53 +115,58 @@ def _streamed_block(
     else:
         x = tl.load(x_row + cols, eviction_policy=EVICTION)
     x = x.to(tl.float32)
-    m, s = _online_lse(m, s, x)
+    if EXP2:
+        m, b, s = _online_lse_exp2(m, b, s, x)
+    else:
+        m, s = _online_lse(m, s, x)
     if HAS_SMOOTHING:
         sum_w, sum_wx = _smoothing_sums(sum_w, sum_wx, x, cols, cols < n_cols, pivot, weight_ptr, HAS_WEIGHT)
-    return m, s, sum_w, sum_wx
+    return m, b, s, sum_w, sum_wx
 
 
 @triton.jit
 def _streamed_sums(
     x_row, weight_ptr, n_read, n_cols, pivot, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
-    EVICTION: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    EVICTION: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EXP2: tl.constexpr,
 ):  # fmt: skip
     """The first ``n_read`` (0 or ``n_cols``) elements of a row streamed in blocks of BLOCK_N with an online
-    maximum (one exp per element): ``m``, and the per-lane sums ``s`` and, with HAS_SMOOTHING, those of
-    :func:`_smoothing_sums`. EVICTION: the cache policy of the row's loads.
+    maximum (one exp per element): ``m``, ``log(sum(exp(x - m)))`` and, with HAS_SMOOTHING, the per-lane sums
+    of :func:`_smoothing_sums`. EVICTION: the cache policy of the row's loads. EXP2: the sums' form (module
+    docstring).
 
     The whole blocks are read without a mask, the last partial one (if any) with one: the mask's compare and
     select per element cost the bf16 forward about 10 % on the H200, where it is bound by instructions.
     NUM_STAGES goes to the loop's ``tl.range``: from 2 on, the next blocks' loads are in flight (asynchronous
     copies on sm_90) while one is reduced; a plain loop compiles to none."""
     m = tl.full((), float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of exp(x - m)
+    b = tl.zeros((), tl.float32)  # with EXP2, the base of m (_exponent_base)
+    s = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of exp(x - m), or with EXP2 of exp2(x * log2(e) - b)
     sum_w = tl.zeros([BLOCK_N], tl.float32)
     sum_wx = tl.zeros([BLOCK_N], tl.float32)  # per lane: sum of w * (x - pivot)
     n_whole = n_read // BLOCK_N * BLOCK_N
     for start in tl.range(0, n_whole, BLOCK_N, num_stages=NUM_STAGES):
-        m, s, sum_w, sum_wx = _streamed_block(
-            m, s, sum_w, sum_wx, x_row, start + tl.arange(0, BLOCK_N), n_cols, pivot, weight_ptr, HAS_WEIGHT,
-            HAS_SMOOTHING, EVICTION, False,
+        m, b, s, sum_w, sum_wx = _streamed_block(
+            m, b, s, sum_w, sum_wx, x_row, start + tl.arange(0, BLOCK_N), n_cols, pivot, weight_ptr, HAS_WEIGHT,
+            HAS_SMOOTHING, EVICTION, False, EXP2,
         )  # fmt: skip
     if n_whole < n_read:
-        m, s, sum_w, sum_wx = _streamed_block(
-            m, s, sum_w, sum_wx, x_row, n_whole + tl.arange(0, BLOCK_N), n_cols, pivot, weight_ptr, HAS_WEIGHT,
-            HAS_SMOOTHING, EVICTION, True,
+        m, b, s, sum_w, sum_wx = _streamed_block(
+            m, b, s, sum_w, sum_wx, x_row, n_whole + tl.arange(0, BLOCK_N), n_cols, pivot, weight_ptr, HAS_WEIGHT,
+            HAS_SMOOTHING, EVICTION, True, EXP2,
         )  # fmt: skip
-    return m, s, sum_w, sum_wx
+    log_s = _log_sum_exp2(m, b, s) if EXP2 else tl.log(tl.sum(s, axis=0))
+    return m, log_s, sum_w, sum_wx
 
 
 @triton.jit
 def _store_row_loss(
-    loss_ptr, target_weight_ptr, row, m, s, sum_w, sum_wx, x_t, pivot, weight_ptr, t_safe, valid, ignored, n_cols,
-    label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, WRITE_TARGET_WEIGHT: tl.constexpr,
+    loss_ptr, target_weight_ptr, row, m, log_s, sum_w, sum_wx, x_t, pivot, weight_ptr, t_safe, valid, ignored,
+    n_cols, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, WRITE_TARGET_WEIGHT: tl.constexpr,
 ):  # fmt: skip
-    """Store the row's loss from its streamed sums (see :func:`_cross_entropy_fwd_kernel`), and with
-    WRITE_TARGET_WEIGHT ``w[t]``; return ``w[t]``, the row's ``log(s)``, and ``W`` (``C`` unless HAS_WEIGHT and
-    HAS_SMOOTHING). An ignored row's loss is 0, a bad row's NaN."""
+    """Store the row's loss from its maximum ``m``, ``log(s)`` and smoothing sums (see
+    :func:`_cross_entropy_fwd_kernel`), and with WRITE_TARGET_WEIGHT ``w[t]``; return ``w[t]`` and ``W`` (``C``
+    unless HAS_WEIGHT and HAS_SMOOTHING). An ignored row's loss is 0, a bad row's NaN."""
     w_t = _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT)
-    log_s = tl.log(tl.sum(s, axis=0))
     loss = w_t * ((m - x_t) + log_s)
     total_w = n_cols + 0.0
     if HAS_SMOOTHING:
@@ -136,7 +178,7 @@ def _store_row_loss(
     tl.store(loss_ptr + row, loss.to(loss_ptr.dtype.element_ty))
     if WRITE_TARGET_WEIGHT:
         tl.store(target_weight_ptr + row, w_t)
-    return w_t, log_s, total_w
+    return w_t, total_w
 
 
 @triton.jit
@@ -144,6 +186,7 @@ def _cross_entropy_fwd_kernel(
     x_ptr, target_ptr, weight_ptr, loss_ptr, target_weight_ptr, stats_ptr, stride_xm, stride_tm, n_cols,
     ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     WRITE_TARGET_WEIGHT: tl.constexpr, WRITE_STATS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    EXP2: tl.constexpr,
 ):  # fmt: skip
     """loss[m] = (1 - eps) * w[t] * (lse - x[t]) + eps / C * sum_c w[c] * (lse - x[c]), in one read of the row.
 
@@ -162,13 +205,13 @@ def _cross_entropy_fwd_kernel(
     ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
     x_row = x_ptr + row * stride_xm
     x_t, pivot = _target_logit(x_row, t_safe, valid)
-    m, s, sum_w, sum_wx = _streamed_sums(
+    m, log_s, sum_w, sum_wx = _streamed_sums(
         x_row, weight_ptr, tl.where(valid, n_cols, 0), n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_first", BLOCK_N,
-        NUM_STAGES,
+        NUM_STAGES, EXP2,
     )  # fmt: skip
-    _, log_s, _ = _store_row_loss(
-        loss_ptr, target_weight_ptr, row, m, s, sum_w, sum_wx, x_t, pivot, weight_ptr, t_safe, valid, ignored, n_cols,
-        label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
+    _store_row_loss(
+        loss_ptr, target_weight_ptr, row, m, log_s, sum_w, sum_wx, x_t, pivot, weight_ptr, t_safe, valid, ignored,
+        n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
     )  # fmt: skip
     if WRITE_STATS:
         tl.store(stats_ptr + 2 * row, m)
@@ -360,6 +403,7 @@ def _cross_entropy_fwd_grad_kernel(
     x_ptr, target_ptr, weight_ptr, share_ptr, loss_ptr, target_weight_ptr, dx_ptr, stride_xm, stride_tm, n_cols,
     ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, MEAN: tl.constexpr,
     WRITE_TARGET_WEIGHT: tl.constexpr, LOOPED: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    EXP2: tl.constexpr,
 ):  # fmt: skip
     """The row's loss, as :func:`_cross_entropy_fwd_kernel` writes it, and its gradient for an incoming gradient
     of 1: ``dx[m, :] = g * _dlogits(softmax(x[m, :]))``.
@@ -380,20 +424,21 @@ def _cross_entropy_fwd_grad_kernel(
     x_t, pivot = _target_logit(x_row, t_safe, valid)
     n_read = tl.where(valid | ignored, n_cols, 0)
     if LOOPED:
-        m, s, sum_w, sum_wx = _streamed_sums(
-            x_row, weight_ptr, n_read, n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_last", BLOCK_N, NUM_STAGES
+        m, log_s, sum_w, sum_wx = _streamed_sums(
+            x_row, weight_ptr, n_read, n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_last", BLOCK_N, NUM_STAGES, EXP2
         )
     else:
         cols = tl.arange(0, BLOCK_N)
         x = tl.load(x_row + cols, mask=cols < n_read, other=float("-inf")).to(tl.float32)
         m, s = _online_lse(tl.full((), float("-inf"), tl.float32), tl.zeros([BLOCK_N], tl.float32), x)
+        log_s = tl.log(tl.sum(s, axis=0))
         sum_w = tl.zeros([BLOCK_N], tl.float32)
         sum_wx = tl.zeros([BLOCK_N], tl.float32)
         if HAS_SMOOTHING:
             sum_w, sum_wx = _smoothing_sums(sum_w, sum_wx, x, cols, cols < n_cols, pivot, weight_ptr, HAS_WEIGHT)
-    w_t, log_s, total_w = _store_row_loss(
-        loss_ptr, target_weight_ptr, row, m, s, sum_w, sum_wx, x_t, pivot, weight_ptr, t_safe, valid, ignored, n_cols,
-        label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
+    w_t, total_w = _store_row_loss(
+        loss_ptr, target_weight_ptr, row, m, log_s, sum_w, sum_wx, x_t, pivot, weight_ptr, t_safe, valid, ignored,
+        n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
     )  # fmt: skip
     g = tl.where(valid, tl.load(share_ptr) if MEAN else 1.0, 0.0)
     dx_row = dx_ptr + row * n_cols
@@ -407,3 +452,12 @@ def _cross_entropy_fwd_grad_kernel(
             dx_row, tl.exp((x - m) - log_s), cols, cols < n_cols, weight_ptr, g, t_safe, w_t, total_w, valid,
             ignored, n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING,
         )  # fmt: skip
+
+
+@triton.jit
+def _fma_probe_kernel(x_ptr, out_ptr):
+    """out = fma(a, b, -(a * b)) for x = (a, b): the product's rounding residual where an fma rounds once, 0 where
+    it rounds twice (see the launchers' EXP2)."""
+    a = tl.load(x_ptr)
+    b = tl.load(x_ptr + 1)
+    tl.store(out_ptr, tl.fma(a, b, -(a * b)))

@@ -348,7 +348,7 @@ def test_a_backward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_st
     monkeypatch: pytest.MonkeyPatch, function_faster: bool
 ) -> None:
     """A forward planned to the reference whose backward ran a kernel chosen by tuning: the next call times the step
-    both ways, once, and runs eager autograd unless the Function is faster by the tuning margin. The timing leaves the
+    both ways, once, and runs eager autograd unless the Function is faster by the step margin. The timing leaves the
     inputs' gradients and the random state alone, and the gradients are torch's either way."""
     kernelgate.configure(warn_fallback=False)
     _kernel_wins_tuning(monkeypatch)
@@ -388,7 +388,7 @@ def test_a_forward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_ste
     monkeypatch: pytest.MonkeyPatch, function_faster: bool
 ) -> None:
     """A forward planned to a kernel by tuning: after the Function's first step the step is timed both ways, once
-    for the signature, and eager autograd runs unless the Function is faster by the tuning margin. Either way
+    for the signature, and eager autograd runs unless the Function is faster by the step margin. Either way
     the gradients are torch's, and the plan still names the kernel."""
     kernelgate.configure(warn_fallback=False)
     _kernel_wins_tuning(monkeypatch)
@@ -422,6 +422,30 @@ def test_a_forward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_ste
     assert route.path == ("function" if function_faster else "eager")
     assert (route.eager_us, route.function_us) == ((100.0, 10.0) if function_faster else (10.0, 100.0))
     assert "timed once" in route.detail
+
+
+@pytest.mark.parametrize(("function_us", "path"), [(97.0, "eager"), (94.0, "function")])
+def test_the_function_must_beat_eager_autograds_step_by_the_step_margin(
+    monkeypatch: pytest.MonkeyPatch, function_us: float, path: str
+) -> None:
+    """A kernel replaces the reference when 2 % faster (the default tuning margin), but the Function is kept over
+    eager autograd's step only when faster by STEP_MARGIN (5 %): 3 % faster runs eager autograd, 6 % the Function."""
+    assert kernelgate.settings().tune_margin < kernelgate.op.STEP_MARGIN == 0.05
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+
+    def step_us(forward: Callable[..., object], *args: object) -> float:
+        return 100.0 if forward is kernelgate.softmax.reference else function_us
+
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
+    x = torch.randn(3, 40, requires_grad=True)
+    g = torch.randn(3, 40)
+    with kernelgate.use_interpreter():
+        torch.autograd.grad(kernelgate.softmax(x, -1), x, g)
+        kernelgate.softmax(x, -1)  # timed here
+        route = kernelgate.softmax.step_route(x, -1)
+    assert route.path == path, route
+    assert "(margin 5%)" in route.detail, route.detail
 
 
 STEP_ROUTE_OPS = [

@@ -816,7 +816,7 @@ def test_forward_backward_misses_name_the_path_the_steps_took(
     kernels = dataclasses.replace(eager, impl="triton:looped", time_us=40.0, frac_of_copy=0.95, note="")
     planned = "auto: looped[BLOCK_N=1024,num_warps=4] (tuned); planned in 9 ms"
     eager_step = "autograd step: eager: timed once: a step through eager autograd 101.0 us, through kernelgate's "
-    eager_step += "Function 180.0 us (tuning margin 5%)"
+    eager_step += "Function 180.0 us (margin 5%)"
     ours = dataclasses.replace(
         eager, impl="kernelgate", time_us=110.0, frac_of_copy=0.45, note=f"{planned}; {eager_step}"
     )
@@ -827,7 +827,7 @@ def test_forward_backward_misses_name_the_path_the_steps_took(
     assert not any("most of the step is the autograd step" in t for t in texts)
 
     function_step = "autograd step: function: timed once: a step through eager autograd 100.5 us, through "
-    function_step += "kernelgate's Function 90.0 us (tuning margin 5%)"
+    function_step += "kernelgate's Function 90.0 us (margin 5%)"
     kept = dataclasses.replace(ours, time_us=150.0, frac_of_copy=0.33, note=f"{planned}; {function_step}")
     texts = bench.misses([eager, kept, kernels])
     (slower,) = [t for t in texts if "slower than eager" in t]

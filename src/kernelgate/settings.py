@@ -88,7 +88,8 @@ class Settings:
         warn_fallback: emit a :class:`~kernelgate.errors.FallbackWarning` once per (op, reason).
         tune: time the candidates of a new shape bucket; when off, use cached decisions, else the
             kernel's default configuration, and never time anything.
-        tune_margin: fraction by which a Triton candidate must beat the reference to replace it.
+        tune_margin: fraction by which a Triton candidate must beat the reference to replace it (and, at
+            least :data:`kernelgate.op.STEP_MARGIN`, by which kernelgate's Function must beat eager autograd's step).
         cache_dir: directory of the decision cache, or ``None`` for the user cache directory.
         check_every: in check mode, compare one call in this many.
         check_action: on a check mismatch, ``raise`` or ``demote`` the decision to the reference.
@@ -105,7 +106,7 @@ class Settings:
     log_path: Path | None = None
     warn_fallback: bool = True
     tune: bool = True
-    tune_margin: float = 0.05
+    tune_margin: float = 0.02
     cache_dir: Path | None = None
     check_every: int = 1
     check_action: CheckAction = "raise"
@@ -151,7 +152,7 @@ class Settings:
             warn_fallback=_parse_bool(env.get("KERNELGATE_WARN", "1"), source="KERNELGATE_WARN"),
             tune=_parse_bool(env.get("KERNELGATE_TUNE", "on"), source="KERNELGATE_TUNE"),
             tune_margin=_parse_number(
-                env.get("KERNELGATE_TUNE_MARGIN", "0.05"), float, source="KERNELGATE_TUNE_MARGIN"
+                env.get("KERNELGATE_TUNE_MARGIN", "0.02"), float, source="KERNELGATE_TUNE_MARGIN"
             ),
             cache_dir=Path(cache) if (cache := env.get("KERNELGATE_CACHE_DIR", "").strip()) else None,
             check_every=int(

@@ -400,8 +400,9 @@ def _timed_function_cause(
 
     The timing that kept the Function ran steps back to back, as a training loop does. Where the row's own steps
     issued back to back (``host_us``) are within the eager target of eager's, the clause says the choice holds in
-    that regime, and that this measurement (``do_bench``: L2 flushed, the GPU idle before each step) adds the host's
-    time to the device's; otherwise, that the Function's host time varies from step to step.
+    that regime, and that this measurement (L2 flushed before each step, the GPU then idle, or held for the timer's
+    hold) adds the host's time past that to the device's; otherwise, that the Function's host time varies from step
+    to step.
     """
     if step is None or step.path != "function" or math.isnan(step.function_us):
         return "", ""
@@ -414,10 +415,22 @@ def _timed_function_cause(
     if steady and eager is not None and ours.host_us <= targets.versus_eager * eager.host_us:
         return "timed", (
             f"{timing}. With steps issued back to back, the regime that timing chose for, it took {ours.host_us:.1f} "
-            f"us against eager's {eager.host_us:.1f}: the choice holds there; here each step starts on an idle GPU "
-            "after an L2 flush, and the Function's longer host time adds to the device's"
+            f"us against eager's {eager.host_us:.1f}: the choice holds there; here each step starts "
+            f"{_start_of_each_step(ours.timer)}, and the Function's longer host time adds to the device's"
         )
     return "timed", f"{timing}: the Function's host time varies from step to step"
+
+
+# The timer's hold after each L2 flush, as kernelgate.bench.run writes it ("... then the GPU held 100 us ...").
+_HOLD = re.compile(r"GPU held ([0-9.]+) us")
+
+
+def _start_of_each_step(timer: str) -> str:
+    """How each timed step starts under ``timer``: on an idle GPU after the flush, or after the timer's hold."""
+    held = _HOLD.search(timer)
+    if held is None:
+        return "on an idle GPU after an L2 flush"
+    return f"after an L2 flush and {held.group(1)} us of the GPU held, past which the host's time counts"
 
 
 def _scorecard(

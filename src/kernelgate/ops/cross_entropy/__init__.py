@@ -93,7 +93,7 @@ CROSS_ENTROPY_BWD = LazyKernel(_KERNELS, "_cross_entropy_bwd_kernel")
 CROSS_ENTROPY_BWD_LOOPED = LazyKernel(_KERNELS, "_cross_entropy_bwd_looped_kernel")
 CROSS_ENTROPY_BWD_SCALE = LazyKernel(_KERNELS, "_cross_entropy_bwd_scale_kernel")
 CROSS_ENTROPY_FWD_GRAD = LazyKernel(_KERNELS, "_cross_entropy_fwd_grad_kernel")
-FMA_PROBE = LazyKernel(_KERNELS, "_fma_probe_kernel")
+FMA_PROBE = LazyKernel(_KERNELS, "_cross_entropy_fma_probe_kernel")
 # Float logits (and weights) and the int64 targets.
 DTYPES = (*HALF_AND_FLOAT, torch.int64)
 # Rows per block of the one-program reductions over rows (of at most a few MB).

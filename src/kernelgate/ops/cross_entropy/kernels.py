@@ -455,7 +455,7 @@ def _cross_entropy_fwd_grad_kernel(
 
 
 @triton.jit
-def _fma_probe_kernel(x_ptr, out_ptr):
+def _cross_entropy_fma_probe_kernel(x_ptr, out_ptr):
     """out = fma(a, b, -(a * b)) for x = (a, b): the product's rounding residual where an fma rounds once, 0 where
     it rounds twice (see the launchers' EXP2)."""
     a = tl.load(x_ptr)

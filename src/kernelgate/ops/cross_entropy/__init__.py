@@ -360,9 +360,9 @@ def _backward_launchers(into: bool) -> tuple[Any, Any]:
 
 
 # The forwards' looped implementation also tunes how many blocks of the row are in flight (the streaming
-# loop's tl.range stages: asynchronous copies on sm_90 from 2 on, none in a plain loop). On the H200 3 stages
-# were fastest at every suite shape in both dtypes (`ce-variants-bb6a88a.txt`); 1 stays for rows where staging
-# does not pay, and 2 is left out to keep the tuning short.
+# loop's tl.range stages: asynchronous copies on sm_90 from 2 on, none in a plain loop). On the H200 tuning chose
+# 3 stages in every forward case of the bench's suite (benchmarks/results/h200/cross-entropy-5d2bdda); 1 stays for
+# rows where staging does not pay, and 2 is left out to keep the tuning short.
 LOOPED_FORWARD_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16), NUM_STAGES=(1, 3))
 LOOPED_FORWARD_DEFAULT: Config = {**rowwise.LOOPED_DEFAULT, "NUM_STAGES": 1}
 

@@ -135,7 +135,8 @@ def _streamed_sums(
     docstring).
 
     The whole blocks are read without a mask, the last partial one (if any) with one: the mask's compare and
-    select per element cost the bf16 forward about 10 % on the H200, where it is bound by instructions.
+    select per element cost the bf16 forward 5 to 13 % on the H200, where it is bound by instructions
+    (benchmarks/results/h200/ce-variants-bb6a88a.txt).
     NUM_STAGES goes to the loop's ``tl.range``: from 2 on, the next blocks' loads are in flight (asynchronous
     copies on sm_90) while one is reduced; a plain loop compiles to none."""
     m = tl.full((), float("-inf"), tl.float32)

@@ -575,6 +575,10 @@ class _IncomingGradient:
     def __init__(self) -> None:
         self.unit = True  # before any backward: the common case
         self._pending: tuple[Any, torch.Tensor] | None = None  # (event or None, the value on the host)
+        # Per device and dtype, the pinned scalar and the event each observation reuses: allocating pinned
+        # memory and creating an event took part of every backward's host time (both are read back only
+        # once the event has passed, so a copy never overwrites a value not yet read).
+        self._slots: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, Any]] = {}
 
     def expected(self) -> bool:
         pending = self._pending
@@ -589,10 +593,13 @@ class _IncomingGradient:
         if grad.device.type != "cuda":
             self._pending = (None, grad.detach().to("cpu", copy=True))
             return
-        host = torch.empty((), dtype=grad.dtype, pin_memory=True)
-        host.copy_(grad.detach(), non_blocking=True)
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record()
+        slot = self._slots.get((grad.device, grad.dtype))
+        if slot is None:
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            slot = self._slots[grad.device, grad.dtype] = (torch.empty((), dtype=grad.dtype, pin_memory=True), event)
+        host, event = slot
+        host.copy_(grad.detach(), non_blocking=True)  # on the current stream of grad's device
+        event.record(torch.cuda.current_stream(grad.device))
         self._pending = (event, host)
 
 

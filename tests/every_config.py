@@ -8,7 +8,7 @@ import torch
 
 from kernelgate.config import LAUNCH_OPTIONS, Config
 from kernelgate.op import Op, TritonImpl
-from kernelgate.selection import compare, run_candidate
+from kernelgate.selection import compare, float64_truth, run_candidate
 from kernelgate.tolerance import assert_no_worse
 
 
@@ -38,6 +38,7 @@ def check_every_config(op: Op, values: tuple[Any, ...], interpret: bool) -> set[
     names of the implementations that ran (at least one must).
     """
     expected = op.reference(*values)
+    elementwise_truth = float64_truth(op, values)
     truth = None
     if op.normwise_outputs:
         truth = op.reference(
@@ -50,14 +51,16 @@ def check_every_config(op: Op, values: tuple[Any, ...], interpret: bool) -> set[
         for config in distinct_configs(impl, values, interpret):
             result = run_candidate(impl, config, values, interpret, poison=True)
             if truth is None:
-                assert compare(result, expected, op.reduction_length(*values)) is None, (impl.name, config)
+                mismatch = compare(result, expected, op.reduction_length(*values), truth=elementwise_truth)
+                assert mismatch is None, (impl.name, config, mismatch)
             else:
                 got, want, exact = _outputs(result), _outputs(expected), _outputs(truth)
                 for index, (g, w, t) in enumerate(zip(got, want, exact, strict=True)):
                     if index in op.normwise_outputs:
                         assert_no_worse(g, w, t)
                     else:
-                        assert compare(g, w, op.reduction_length(*values)) is None, (impl.name, config, index)
+                        mismatch = compare(g, w, op.reduction_length(*values))
+                        assert mismatch is None, (impl.name, config, index, mismatch)
             ran.add(impl.name)
     assert ran, f"no implementation of {op.name} accepts these inputs"
     return ran

@@ -903,3 +903,91 @@ def test_an_autograd_step_is_timed_back_to_back_per_step() -> None:
     assert len(forwards) == 2 + selection.STEP_CALLS
     assert 2000 <= us < 2000 * selection.STEP_CALLS, (us, "per step, not the whole batch")
     assert x.grad is None, "the step returns gradients; it does not accumulate into .grad"
+
+
+def _softmax_backward_rounding_products(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """PyTorch's CUDA softmax backward in bfloat16 (what the reference runs on a GPU): each ``grad * y`` rounded to
+    bfloat16 by a kernel of its own, then ``tmp - y * sum(tmp)`` in float32, rounded once."""
+    tmp = (grad * y).float()
+    return (tmp - y.float() * tmp.sum(-1, keepdim=True)).to(grad.dtype)
+
+
+def _softmax_backward_in_float32(grad: torch.Tensor, y: torch.Tensor, dot_row: int | None = None) -> torch.Tensor:
+    """The softmax backward kernel's arithmetic: ``y * (grad - sum(grad * y))`` in float32, rounded once; with
+    ``dot_row``, every row takes that row's sum (a kernel reading the wrong row)."""
+    g, yf = grad.float(), y.float()
+    dot = (g * yf).sum(-1, keepdim=True)
+    if dot_row is not None:
+        dot = dot[dot_row].expand_as(dot)
+    return (yf * (g - dot)).to(grad.dtype)
+
+
+def test_an_output_nearer_the_float64_result_than_the_reference_matches() -> None:
+    """Where the reference rounds before it cancels, a correct kernel can differ from it by more than the policy's
+    bounds while being nearer the exact result: PyTorch's CUDA softmax backward in bfloat16 rounds each product to
+    bfloat16 first, and on the H200 rows of 100 failed the gate that way on random inputs. With the reference's
+    float64 result the gate accepts them, element by element no further from it than the reference; wrong
+    kernels (no ``- dot``, the wrong row's dot) still fail, as does a NaN where the reference has none."""
+    from kernelgate.ops.softmax import softmax_backward
+    from kernelgate.selection import compare, float64_truth
+
+    shape, length = (3, 100), 100
+    failing = 0
+    for seed in range(40):
+        torch.manual_seed(seed)
+        grad, y, dim = softmax_backward.make_inputs(shape, torch.bfloat16, torch.device("cpu"))
+        expected = _softmax_backward_rounding_products(grad, y)
+        truth = float64_truth(softmax_backward, (grad, y, dim))
+        assert truth is not None
+        kernel = _softmax_backward_in_float32(grad, y)
+        if compare(kernel, expected, length) is not None:
+            failing += 1
+        assert compare(kernel, expected, length, truth=truth) is None, seed
+        no_dot = (y.float() * grad.float()).to(torch.bfloat16)
+        assert compare(no_dot, expected, length, truth=truth) is not None, seed
+        wrong_row = _softmax_backward_in_float32(grad, y, dot_row=(seed + 1) % shape[0])
+        assert compare(wrong_row, expected, length, truth=truth) is not None, seed
+        nan = kernel.clone()
+        nan[0, 0] = float("nan")
+        assert compare(nan, expected, length, truth=truth) is not None, seed
+    assert failing > 0  # the inputs hold cases the policy alone rejects
+
+
+def test_the_float64_result_is_computed_once_and_only_after_a_mismatch() -> None:
+    """The gate calls for the float64 result only where an element falls outside the bounds, at most once for all
+    the outputs of a comparison; a reference that cannot give it (raises) leaves the policy's verdict, and an op that
+    writes into its arguments gets none."""
+    from kernelgate.selection import compare, float64_truth
+
+    calls = []
+
+    def truth() -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(1)
+        return torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+
+    zeros = torch.zeros(4)
+    assert compare((zeros, zeros), (zeros, zeros), 4, truth=truth) is None
+    assert calls == []
+    near, reference, far = torch.full((4,), 1e-3), torch.full((4,), 2e-3), torch.full((4,), 3e-3)
+    # The second output is off the reference by more than the bounds, but nearer the exact zeros than the reference.
+    assert compare((zeros, near), (zeros, reference), 4, truth=truth) is None
+    assert calls == [1]
+    assert compare((zeros, far), (zeros, reference), 4, truth=truth) is not None
+
+    def broken() -> Any:
+        raise RuntimeError("no float64 here")
+
+    assert compare(near, reference, 4, truth=broken) is not None
+
+    def reference(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out.add_(x)
+
+    mutating = Op(
+        "kgsel_truth_mutates",
+        reference=reference,
+        args=(TensorArg("x"), TensorArg("out")),
+        implementations=(),
+        mutates=("out",),
+        register=False,
+    )
+    assert float64_truth(mutating, (torch.ones(2), torch.zeros(2))) is None

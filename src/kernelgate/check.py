@@ -20,7 +20,7 @@ import torch
 from kernelgate.cache import decision_cache, default_cache_dir
 from kernelgate.config import config_label
 from kernelgate.errors import CheckError, CheckWarning, user_stacklevel
-from kernelgate.selection import compare
+from kernelgate.selection import compare, float64_truth
 
 if TYPE_CHECKING:
     from kernelgate.dispatch import Plan
@@ -58,7 +58,9 @@ def check_result(
     current: Settings,
 ) -> bool:
     """Compare ``result`` with ``expected``; on a mismatch, report and raise, or demote and return True."""
-    mismatch = compare(result, expected, op.reduction_length(*original), op.normwise_outputs)
+    mismatch = compare(
+        result, expected, op.reduction_length(*original), op.normwise_outputs, float64_truth(op, original)
+    )
     if mismatch is None:
         return False
     directory = (current.cache_dir or default_cache_dir()) / "failures"

@@ -306,7 +306,7 @@ def cache_command(console: Console, args: argparse.Namespace) -> int:
 def replay_command(console: Console, path: Path) -> int:
     """``kernelgate replay FILE``: run a saved check-mode case again; exit 1 while it still mismatches."""
     from kernelgate.op import get_op
-    from kernelgate.selection import compare, run_candidate
+    from kernelgate.selection import compare, float64_truth, run_candidate
 
     try:
         case = torch.load(path, weights_only=False)
@@ -328,6 +328,7 @@ def replay_command(console: Console, path: Path) -> int:
         expected,
         op.reduction_length(*args),
         op.normwise_outputs,
+        float64_truth(op, args),
     )
     label = f"{op.name} {impl.name} config {case['config']} on {device}"
     if mismatch is None:

@@ -23,7 +23,11 @@ mkdir -p "$out"
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || cat "$out/install.log"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=160
 export KERNELGATE_CACHE_DIR=$out/cache
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; echo "kernelgate commit ${KERNELGATE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}";
+# The commit measured: KERNELGATE_COMMIT, else HEAD, marked +changes where src differs from it (a tree copied
+# onto the machine can sit beside an older checkout's .git).
+commit=${KERNELGATE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
+if [ -z "${KERNELGATE_COMMIT:-}" ] && [ -n "$(git status --porcelain -- src 2>/dev/null)" ]; then commit="$commit+changes"; fi
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; echo "kernelgate commit $commit";
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } > "$out/provenance.txt"
 deadline=$((SECONDS + ${BUDGET:-570}))
 # Runs a step with what is left of the budget, keeping 15 s for the packing.

@@ -900,3 +900,19 @@ def test_cross_entropy_kernels_forward_backward_use_the_forward_with_grad(
     assert direct and all(r.status == "ok" for r in direct), [(r.impl, r.status, r.note) for r in direct]
     assert all("its forward as cross_entropy_with_grad" in r.note for r in direct)
     assert recomputed == [], "a triton row's backward recomputed the gradient its forward wrote"
+
+
+def test_the_commit_is_marked_where_the_source_differs_from_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without KERNELGATE_COMMIT the provenance is the source tree's HEAD, marked ``+changes`` where the package's
+    files differ from it: a tree copied onto a GPU machine beside an older checkout's .git was labelled with that
+    older commit. Without git, ``unknown``."""
+    monkeypatch.delenv("KERNELGATE_COMMIT", raising=False)
+    answers: dict[str, str | None] = {"rev-parse": "abc1234", "status": ""}
+    monkeypatch.setattr(bench_runner, "_git", lambda directory, command, *rest: answers[command])
+    assert bench_runner._commit() == "abc1234"
+    answers["status"] = " M src/kernelgate/ops/softmax/kernels.py"
+    assert bench_runner._commit() == "abc1234+changes"
+    answers["rev-parse"] = None
+    assert bench_runner._commit() == "unknown"
+    monkeypatch.setenv("KERNELGATE_COMMIT", "def5678")
+    assert bench_runner._commit() == "def5678"

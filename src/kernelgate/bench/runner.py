@@ -125,20 +125,26 @@ def resolve_ops(names: Sequence[str] | None) -> list[BenchSpec]:
 
 
 def _commit() -> str:
+    """The kernelgate commit measured: ``KERNELGATE_COMMIT`` if set, else the source tree's ``HEAD``, with
+    ``+changes`` where the package's files differ from it (a copied or edited tree: the code measured is not
+    that commit's)."""
     if os.environ.get("KERNELGATE_COMMIT"):
         return os.environ["KERNELGATE_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,  # the source tree's repository, not the caller's
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
+    package = Path(__file__).resolve().parents[1]  # the source tree's repository, not the caller's
+    head = _git(package, "rev-parse", "--short", "HEAD")
+    if not head:
         return "unknown"
+    changes = _git(package, "status", "--porcelain", "--", ".")
+    return head if changes == "" else f"{head}+changes"
+
+
+def _git(directory: Path, *args: str) -> str | None:
+    """``git args`` run in ``directory``: its output, stripped, or ``None`` where git fails."""
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, check=True, timeout=10, cwd=directory)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
 
 
 def _driver(device: torch.device) -> str:

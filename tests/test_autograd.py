@@ -424,6 +424,45 @@ def test_a_forward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_ste
     assert "timed once" in route.detail
 
 
+def test_the_functions_forward_runs_the_route_its_call_looked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a signature is memoised, an autograd call looks its forward's route up once and the Function's forward
+    runs that route: no second dispatch, no second lookup (each costs host time in every training step). The
+    output, plan and gradients are as before."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    monkeypatch.setattr(
+        kernelgate.op,
+        "time_autograd_step",
+        lambda forward, *args: 100.0 if forward is kernelgate.softmax.reference else 10.0,
+    )
+    x = torch.randn(3, 40, requires_grad=True)
+    g = torch.randn(3, 40)
+    (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
+    calls: list[str] = []
+    op_class = type(kernelgate.softmax)
+    for name in ("_dispatch", "forward_route"):
+        real = getattr(op_class, name)
+
+        def counted(
+            self: kernelgate.Op, *args: object, _real: Callable[..., object] = real, _name: str = name
+        ) -> object:
+            if self is kernelgate.softmax:
+                calls.append(_name)
+            return _real(self, *args)
+
+        monkeypatch.setattr(op_class, name, counted)
+    with kernelgate.use_interpreter():
+        for _ in range(3):  # the first step, then the timing of the step both ways
+            torch.autograd.grad(kernelgate.softmax(x, -1), x, g)
+        calls.clear()
+        y = kernelgate.softmax(x, -1)
+        assert calls == ["_dispatch", "forward_route"]
+        assert _is_kernelgate_function(y)
+        assert kernelgate.softmax.plan(x.detach(), -1).path == "interpreter"
+        assert_close(torch.autograd.grad(y, x, g)[0], expected)
+        assert_close(y.detach(), torch.softmax(x.detach(), -1))
+
+
 @pytest.mark.parametrize(("function_us", "path"), [(97.0, "eager"), (94.0, "function")])
 def test_the_function_must_beat_eager_autograds_step_by_the_step_margin(
     monkeypatch: pytest.MonkeyPatch, function_us: float, path: str

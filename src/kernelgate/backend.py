@@ -147,9 +147,10 @@ FAST_LAUNCH_LIMIT = 4096
 class _FastLaunch:
     """What a direct launch of one compiled kernel needs, besides the grid, stream and arguments."""
 
-    __slots__ = ("function", "metadata", "run", "trailing")
+    __slots__ = ("function", "kernel", "metadata", "run", "trailing")
 
-    def __init__(self, compiled: Any, trailing: tuple[Any, ...]) -> None:
+    def __init__(self, kernel: Any, compiled: Any, trailing: tuple[Any, ...]) -> None:
+        self.kernel = kernel  # the key holds its id: a hit must be this very kernel
         self.run = compiled.run  # Triton's generated launcher (its handles load on first access)
         self.function = compiled.function
         self.metadata = compiled.packed_metadata
@@ -181,7 +182,8 @@ def launch_key(kernel: Any, device: int, args: Sequence[Any], meta: dict[str, An
 
     Kept flat: it runs on every launch, and costs about as much as the Triton code it replaces.
     """
-    key: list[Any] = [kernel, device, len(args)]
+    # The kernel by id: hashing a JITFunction runs Python (its cache_key property) on every launch.
+    key: list[Any] = [id(kernel), device, len(args)]
     append = key.append
     if getattr(kernel, "constexprs", None) and min(kernel.constexprs) < len(args):
         # A compile-time parameter passed by position: its exact value, as Triton compiles for it.
@@ -278,11 +280,7 @@ def _current_stream(device: int) -> int:
 def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:
     """Launch a ``@triton.jit`` kernel compiled for the current device (directly, once Triton's path
     has launched the same specialisation)."""
-    if (
-        status().target != "cuda"
-        or not (_settings._current or _settings.settings()).fast_launch
-        or not _launches_directly(kernel)
-    ):
+    if status().target != "cuda" or not (_settings._current or _settings.settings()).fast_launch:
         kernel[grid](*args, **meta)
         return
     device = _current_device()
@@ -291,14 +289,15 @@ def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], met
         fast = _fast_launches.get(key) if key is not None else None
     except TypeError:  # an unhashable compile-time value: Triton's path every time
         key = fast = None
-    if fast is not None and not _hooks_active(kernel):
+    if fast is not None and fast.kernel is kernel and not _hooks_active(kernel):
         fast.run(
             grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, _current_stream(device),
             fast.function, fast.metadata, None, None, None, *args, *fast.trailing,
         )  # fmt: skip
         return
     compiled = kernel[grid](*args, **meta)
-    if key is None or compiled is None or _hooks_active(kernel):
+    # Only a plain kernel enters the table, so a hit above needs no such check.
+    if key is None or compiled is None or not _launches_directly(kernel) or _hooks_active(kernel):
         return
     if hasattr(compiled, "result"):  # a compile that ran asynchronously: its future
         compiled = compiled.result()
@@ -306,7 +305,7 @@ def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], met
     if trailing is not None:
         if len(_fast_launches) >= FAST_LAUNCH_LIMIT:
             _fast_launches.clear()
-        _fast_launches[key] = _FastLaunch(compiled, trailing)
+        _fast_launches[key] = _FastLaunch(kernel, compiled, trailing)
 
 
 def warm_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:

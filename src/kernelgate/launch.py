@@ -120,11 +120,14 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
     Triton's interpreter. A grid over the hardware limit raises :class:`Unsupported`, so the call
     takes the reference path instead of failing inside the driver.
     """
-    for axis, (size, limit) in enumerate(zip(grid, backend.MAX_GRID[: len(grid)], strict=True)):
-        if size > limit:
-            raise Unsupported("grid-too-large", f"grid axis {axis} needs {size} programs; the hardware allows {limit}")
+    if grid[0] > backend.MAX_GRID[0] or len(grid) > 1:
+        for axis, (size, limit) in enumerate(zip(grid, backend.MAX_GRID[: len(grid)], strict=True)):
+            if size > limit:
+                raise Unsupported(
+                    "grid-too-large", f"grid axis {axis} needs {size} programs; the hardware allows {limit}"
+                )
     if type(kernel) is LazyKernel:
-        kernel = kernel.resolve()
+        kernel = kernel._kernel or kernel.resolve()
     state = call_state
     if state.launches is not None:
         state.launches.append((getattr(kernel, "__name__", repr(kernel)), grid, meta))

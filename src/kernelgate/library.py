@@ -56,7 +56,7 @@ class Backward:
             the backward consumes or modifies in place.
         may_step_eagerly: whether eager autograd of the reference may replace the Function, where the
             step timed both ways is faster, for a forward planned to a kernel (mode ``auto``, see
-            ``Op._reference_route``). ``False`` where the Function is there for memory as well as time:
+            ``Op._steps_eagerly``). ``False`` where the Function is there for memory as well as time:
             cross_entropy's reference under autograd keeps float32 probabilities the size of the logits.
     """
 
@@ -137,7 +137,7 @@ def register(op: Op, returns: str) -> Any:
         def backward(ctx: Any, *grad_outputs: Any) -> Any:
             from kernelgate.op import lookup
 
-            return _backward(lookup(op.name), ctx, grad_outputs)
+            return _backward(lookup(op.name), ctx, grad_outputs, ctx.needs_input_grad)
 
         torch.library.impl(qualname, "CompositeExplicitAutograd", run, lib=_library)
         torch.library.register_fake(qualname, fake, lib=_library)
@@ -153,24 +153,28 @@ def autograd_function(op: Op) -> Any:
     saved, version counters, the backward and its modes) without the dispatcher round trip.
     """
 
-    def forward(ctx: Any, *args: Any) -> Any:
+    def forward(ctx: Any, route: Any, *args: Any) -> Any:
+        # ``route``: the memoised route of this forward (Op.forward_route), or None before the signature's
+        # first call or outside modes auto and reference; with it, the forward runs without a new lookup.
         declared = op.backward
         with_extras = declared.forward_op(args) if declared is not None else None
+        forward_op = op if with_extras is None else with_extras
+        output = forward_op._call_untraced(args) if route is None else forward_op.run_memoised(route, args)
         if declared is None or with_extras is None:
-            output = op._call_untraced(args)
             _setup(op, ctx, args, output)
         else:
-            output, *extras = with_extras._call_untraced(args)
+            output, *extras = output
             _setup(op, ctx, args, output, declared.kept(args, tuple(extras), with_extras))
         # The signature's first step through the Function: its backward records whether it ran a kernel,
-        # and from then on Op._reference_route decides between eager autograd and this Function.
-        route = op.forward_route(args)
+        # and from then on Op._steps_eagerly decides between eager autograd and this Function.
+        if route is None:
+            route = op.forward_route(args)
         if route is not None and route.backward_reference is None:
             ctx.kernelgate_route = route
         return output
 
     def backward(ctx: Any, *grad_outputs: Any) -> Any:
-        return _backward(op, ctx, grad_outputs)
+        return (None, *_backward(op, ctx, grad_outputs, ctx.needs_input_grad[1:]))
 
     methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
     return type(f"KernelgateFunction_{op.name}", (torch.autograd.Function,), methods)
@@ -196,10 +200,9 @@ def _restore(ctx: Any) -> tuple[Any, ...]:
     return tuple(next(tensors) if slot is None else slot[0] for slot in ctx.kernelgate_layout)
 
 
-def _backward(op: Op, ctx: Any, grad_outputs: tuple[Any, ...]) -> tuple[Any, ...]:
+def _backward(op: Op, ctx: Any, grad_outputs: tuple[Any, ...], needs: Sequence[bool]) -> tuple[Any, ...]:
     saved = _restore(ctx)
     grad = grad_outputs[0] if len(grad_outputs) == 1 else grad_outputs
-    needs = ctx.needs_input_grad
     overrides = ctx.kernelgate_overrides
     triton_runs, forced_runs = call_state.triton_runs, call_state.forced_runs
     if overrides == current_overrides():  # the same modes here already (the usual case): no context switch

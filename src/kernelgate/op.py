@@ -594,8 +594,8 @@ class Op:
         for v in values:
             if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter:
                 return self.torch_op(*values)
-        route = self._reference_route(values)
-        if route is not None:
+        route = self.forward_route(values)
+        if route is not None and self._steps_eagerly(values, route):
             # Eager autograd of the reference: the same work as the Function where both passes run the
             # reference, or a step timed faster than the Function's (whose host cost is 250 to 600 us a
             # step on the H200's host, several times a small kernel's time).
@@ -604,11 +604,12 @@ class Op:
             return self.reference(*values)
         if self._function is None:
             self._function = library.autograd_function(self)
-        return self._function.apply(*values)
+        # The route rides along, so the Function's forward runs it without building the signature again.
+        return self._function.apply(route, *values)
 
-    def _reference_route(self, values: tuple[Any, ...]) -> _Route | None:
-        """The memoised route of the forward of ``values`` where eager autograd of the reference should run
-        instead of kernelgate's Function (mode ``auto`` or ``reference``); else ``None``.
+    def _steps_eagerly(self, values: tuple[Any, ...], route: _Route) -> bool:
+        """Whether eager autograd of the reference should run instead of kernelgate's Function, for the
+        memoised route of the forward of ``values`` (mode ``auto`` or ``reference``, see :meth:`forward_route`).
 
         A forward planned to the reference whose backward is the reference too (an op without a backward
         op differentiates its reference anyway; with one, its backward must have run once through the
@@ -623,21 +624,14 @@ class Op:
         Function wins the timing and keeps them. A backward in mode ``triton`` keeps the Function, as asked;
         a forward in mode ``triton`` never gets here (:meth:`forward_route`).
         """
-        route = self.forward_route(values)
-        if route is None:
-            return None
         verdict = self._step_verdict(route)
         if verdict is _StepVerdict.TIME:
             route.eager_step = self._eager_step_is_faster(values, route)
             verdict = _StepVerdict.TIMED
-        return (
-            route
-            if verdict is _StepVerdict.REFERENCE_BOTH or (verdict is _StepVerdict.TIMED and route.eager_step)
-            else None
-        )
+        return verdict is _StepVerdict.REFERENCE_BOTH or (verdict is _StepVerdict.TIMED and bool(route.eager_step))
 
     def _step_verdict(self, route: _Route) -> _StepVerdict:
-        """Where the autograd step of a memoised forward route stands (see :meth:`_reference_route`)."""
+        """Where the autograd step of a memoised forward route stands (see :meth:`_steps_eagerly`)."""
         if route.reference_ok and (self.backward is None or route.backward_reference is True):
             return _StepVerdict.REFERENCE_BOTH
         if route.backward_reference is None:
@@ -692,6 +686,8 @@ class Op:
             v.detach().requires_grad_() if isinstance(v, torch.Tensor) and v.requires_grad else v for v in values
         )
         wanted = [v for v in leaves if isinstance(v, torch.Tensor) and v.requires_grad]
+        apply = self._function.apply
+        function_step = lambda *v: apply(route, *v)  # the leaves' signature is the route's
         # The fastest of interleaved rounds of steps back to back: the host's time per step is noisy. On the
         # H200, one timing of each chose eager autograd for softmax at 262144x128 float32, whose steps back to
         # back then took 263 us against the Function's 231; three rounds of do_bench and host timing kept
@@ -703,7 +699,7 @@ class Op:
             except torch.cuda.OutOfMemoryError:  # eager autograd does not fit where the Function does: keep it
                 route.step_detail = "eager autograd ran out of memory while timed: kernelgate's Function is kept"
                 return False
-            function_us = min(function_us, time_autograd_step(self._function.apply, leaves, wanted, device))
+            function_us = min(function_us, time_autograd_step(function_step, leaves, wanted, device))
         margin = max(current.tune_margin, STEP_MARGIN)
         eager = eager_us * (1 - margin) <= function_us
         route.step_us = (eager_us, function_us)
@@ -755,7 +751,7 @@ class Op:
         mode = effective_mode(self.name, self.mode, current.mode)
         interpret = effective_interpret(current.interpret)
         grad = torch.is_grad_enabled()
-        # The same key as _reference_route builds (there with grad off): keep the two in step.
+        # The same key as forward_route builds (there with grad off): keep the two in step.
         signature = [mode, interpret, _settings_module._generation, grad, inside_torch_op.active]
         for v in values:
             if isinstance(v, torch.Tensor):
@@ -785,6 +781,15 @@ class Op:
                 self._memo[memo_key] = (
                     _Route(self.name, dataclasses.replace(plan, reason=Reason.CACHED)) if tuned else route
                 )
+        return self._run_route(route, values, mode, current)
+
+    def run_memoised(self, route: _Route, values: tuple[Any, ...]) -> Any:
+        """Run ``values`` on ``route``, the memoised route :meth:`forward_route` found for them (the Function's
+        forward: the call _dispatch would make, without building the signature again)."""
+        current = _settings_module._current or settings()
+        return self._run_route(route, values, effective_mode(self.name, self.mode, current.mode), current)
+
+    def _run_route(self, route: _Route, values: tuple[Any, ...], mode: Mode, current: Settings) -> Any:
         if current.log_path is None and mode != "check":
             if route.run is not None:
                 call_state.triton_runs += 1

@@ -484,7 +484,31 @@ def test_the_function_must_beat_eager_autograds_step_by_the_step_margin(
         kernelgate.softmax(x, -1)  # timed here
         route = kernelgate.softmax.step_route(x, -1)
     assert route.path == path, route
-    assert "(margin 5%)" in route.detail, route.detail
+    assert "(margin 5%;" in route.detail, route.detail
+
+
+def test_the_step_timing_keeps_the_fastest_round_of_each_and_reports_the_spread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step is timed in interleaved rounds; each side's fastest round decides, and the detail gives each
+    side's range, which shows how far one timing holds where the host's time per step drifts."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    rounds = {"eager": iter([100.0, 120.0, 110.0, 105.0, 101.0]), "function": iter([90.0, 150.0, 95.0, 91.0, 200.0])}
+
+    def step_us(forward: Callable[..., object], *args: object) -> float:
+        return next(rounds["eager" if forward is kernelgate.softmax.reference else "function"])
+
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
+    monkeypatch.setattr(kernelgate.op, "STEP_ROUTE_ROUNDS", 5)
+    x = torch.randn(3, 40, requires_grad=True)
+    g = torch.randn(3, 40)
+    with kernelgate.use_interpreter():
+        torch.autograd.grad(kernelgate.softmax(x, -1), x, g)
+        kernelgate.softmax(x, -1)  # timed here
+        route = kernelgate.softmax.step_route(x, -1)
+    assert (route.path, route.eager_us, route.function_us) == ("function", 100.0, 90.0), route
+    assert "rounds: eager 100.0 to 120.0 us, the Function 90.0 to 200.0 us" in route.detail, route.detail
 
 
 STEP_ROUTE_OPS = [

@@ -692,20 +692,24 @@ class Op:
         # H200, one timing of each chose eager autograd for softmax at 262144x128 float32, whose steps back to
         # back then took 263 us against the Function's 231; three rounds of do_bench and host timing kept
         # the Function in 18 of 190 cases of the default suite where it was then measured slower than eager.
-        eager_us = function_us = float("inf")
+        eager_rounds: list[float] = []
+        function_rounds: list[float] = []
         for _ in range(STEP_ROUTE_ROUNDS):
             try:
-                eager_us = min(eager_us, time_autograd_step(self.reference, leaves, wanted, device))
+                eager_rounds.append(time_autograd_step(self.reference, leaves, wanted, device))
             except torch.cuda.OutOfMemoryError:  # eager autograd does not fit where the Function does: keep it
                 route.step_detail = "eager autograd ran out of memory while timed: kernelgate's Function is kept"
                 return False
-            function_us = min(function_us, time_autograd_step(function_step, leaves, wanted, device))
+            function_rounds.append(time_autograd_step(function_step, leaves, wanted, device))
+        eager_us, function_us = min(eager_rounds), min(function_rounds)
         margin = max(current.tune_margin, STEP_MARGIN)
         eager = eager_us * (1 - margin) <= function_us
         route.step_us = (eager_us, function_us)
+        # The rounds' spread says how far one timing can be trusted where the host's time per step drifts.
         route.step_detail = (
             f"timed once: a step through eager autograd {eager_us:.1f} us, through kernelgate's Function "
-            f"{function_us:.1f} us (margin {margin:.0%})"
+            f"{function_us:.1f} us (margin {margin:.0%}; rounds: eager {eager_us:.1f} to {max(eager_rounds):.1f} us, "
+            f"the Function {function_us:.1f} to {max(function_rounds):.1f} us)"
         )
         return eager
 

@@ -463,6 +463,17 @@ def test_the_functions_forward_runs_the_route_its_call_looked_up(monkeypatch: py
         assert_close(y.detach(), torch.softmax(x.detach(), -1))
 
 
+def _softmax_step_route_after_timing() -> kernelgate.StepRoute:
+    """softmax's step route at 3x40 (interpreted) after the Function's first step and the timing the next call
+    makes."""
+    x = torch.randn(3, 40, requires_grad=True)
+    g = torch.randn(3, 40)
+    with kernelgate.use_interpreter():
+        torch.autograd.grad(kernelgate.softmax(x, -1), x, g)
+        kernelgate.softmax(x, -1)  # timed here
+        return kernelgate.softmax.step_route(x, -1)
+
+
 @pytest.mark.parametrize(("function_us", "path"), [(97.0, "eager"), (94.0, "function")])
 def test_the_function_must_beat_eager_autograds_step_by_the_step_margin(
     monkeypatch: pytest.MonkeyPatch, function_us: float, path: str
@@ -477,12 +488,7 @@ def test_the_function_must_beat_eager_autograds_step_by_the_step_margin(
         return 100.0 if forward is kernelgate.softmax.reference else function_us
 
     monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
-    x = torch.randn(3, 40, requires_grad=True)
-    g = torch.randn(3, 40)
-    with kernelgate.use_interpreter():
-        torch.autograd.grad(kernelgate.softmax(x, -1), x, g)
-        kernelgate.softmax(x, -1)  # timed here
-        route = kernelgate.softmax.step_route(x, -1)
+    route = _softmax_step_route_after_timing()
     assert route.path == path, route
     assert "(margin 5%;" in route.detail, route.detail
 
@@ -501,12 +507,7 @@ def test_the_step_timing_keeps_the_fastest_round_of_each_and_reports_the_spread(
 
     monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
     monkeypatch.setattr(kernelgate.op, "STEP_ROUTE_ROUNDS", 5)
-    x = torch.randn(3, 40, requires_grad=True)
-    g = torch.randn(3, 40)
-    with kernelgate.use_interpreter():
-        torch.autograd.grad(kernelgate.softmax(x, -1), x, g)
-        kernelgate.softmax(x, -1)  # timed here
-        route = kernelgate.softmax.step_route(x, -1)
+    route = _softmax_step_route_after_timing()
     assert (route.path, route.eager_us, route.function_us) == ("function", 100.0, 90.0), route
     assert "rounds: eager 100.0 to 120.0 us, the Function 90.0 to 200.0 us" in route.detail, route.detail
 

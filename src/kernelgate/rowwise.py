@@ -80,8 +80,9 @@ DEFAULT_ROW_TILE = 2048
 SINGLE_BLOCK_CONFIGS = ConfigSpace(num_warps=(1, 2, 4, 8, 16, 32))
 ROW_BLOCK_CONFIGS = ConfigSpace(ROWS=(1, 2, 4, 8, 16, 32, 64), num_warps=(1, 2, 4, 8, 16, 32))
 LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16))
-# With 32 warps too, for a looped kernel light enough per element to keep 1024 threads busy: rms_norm's
-# forward at bf16 rows of 32768 ran at 0.83 of copy with 16 warps and 0.93 with 32 on the H200.
+# With 32 warps too, for a looped forward light enough per element to keep 1024 threads busy: on the H200,
+# rms_norm's at bf16 rows of 32768 ran at 0.83 of copy with 16 warps and 0.93 with 32; softmax's at float32
+# rows of 65536 at 0.69 (as tuned, 16 warps at best) and 0.78 (benchmarks/results/h200/long-rows-c8ca3e4.txt).
 LOOPED_CONFIGS_32_WARPS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16, 32))
 LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8}
 
@@ -327,7 +328,7 @@ def along_dim_impls(
 
     impls = (
         single_block_impl(launch_single, single, _n_cols_along, _n_rows_along, max_block=MAX_SINGLE_BLOCK_FORWARD),
-        looped_impl(launch_looped, looped, _n_cols_along),
+        looped_impl(launch_looped, looped, _n_cols_along, configs=LOOPED_CONFIGS_32_WARPS),
     )
     if persistent is None:
         return impls

@@ -173,7 +173,9 @@ add_rms_norm = Op(
             lambda x, *_: x.numel() // max(x.shape[-1], 1),
             max_block=rowwise.MAX_SINGLE_BLOCK_FORWARD,
         ),
-        rowwise.looped_impl(_launch_looped, ADD_RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1]),
+        rowwise.looped_impl(
+            _launch_looped, ADD_RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1], configs=rowwise.LOOPED_CONFIGS_32_WARPS
+        ),
     ),
     bucket=lambda x, residual, weight, eps: _bucket(x, weight),
     reduction_length=lambda x, residual, weight, eps: int(x.shape[-1]),

@@ -46,13 +46,13 @@ def _add_rms_norm_fwd_kernel(
     x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, 0.0, EVEN_N, "").to(tl.float32)
     r = load_tile(r_ptr + rows[:, None] * stride_rm + cols[None, :], mask, 0.0, EVEN_N, "").to(tl.float32)
     s = (x + r).to(s_ptr.dtype.element_ty)
-    store_tile(s_ptr + rows[:, None] * stride_sm + cols[None, :], s, mask, EVEN_N)
+    store_tile(s_ptr + rows[:, None] * stride_sm + cols[None, :], s, mask, EVEN_N, "")
     s = s.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(s * s, axis=1) / n_cols + eps)
     y = s * rstd[:, None]
     if HAS_WEIGHT:
         y = y * load_tile(w_ptr + cols, col_mask, 0.0, EVEN_N, "").to(tl.float32)[None, :]
-    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
 @triton.jit
@@ -88,7 +88,7 @@ def _add_rms_norm_fwd_looped_kernel(
         x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         r = load_tile(r_ptr + row * stride_rm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         s = (x + r).to(s_ptr.dtype.element_ty)
-        store_tile(s_row + cols, s, mask, EVEN_N)
+        store_tile(s_row + cols, s, mask, EVEN_N, "")
         s = s.to(tl.float32)
         acc += s * s
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
@@ -101,4 +101,4 @@ def _add_rms_norm_fwd_looped_kernel(
         y = load_tile(s_row + cols, mask, 0.0, EVEN_N, "").to(tl.float32) * rstd
         if HAS_WEIGHT:
             y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
-        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")

@@ -58,7 +58,7 @@ def _layer_norm_fwd_kernel(
         y = y * load_tile(w_ptr + cols, col_mask, 0.0, EVEN_N, "").to(tl.float32)[None, :]
     if HAS_BIAS:
         y = y + load_tile(b_ptr + cols, col_mask, 0.0, EVEN_N, "").to(tl.float32)[None, :]
-    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
 @triton.jit
@@ -121,7 +121,7 @@ def _layer_norm_fwd_looped_kernel(
             y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         if HAS_BIAS:
             y = y + load_tile(b_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
-        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")
 
 
 @triton.jit

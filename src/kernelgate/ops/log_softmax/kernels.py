@@ -31,7 +31,7 @@ def _log_softmax_fwd_kernel(
     x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, -float("inf"), EVEN_N, "").to(tl.float32)
     shifted = x - tl.max(x, axis=1)[:, None]
     y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=1))[:, None]
-    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
 @triton.jit
@@ -52,7 +52,7 @@ def _log_softmax_fwd_persistent_kernel(
         x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
         shifted = x - tl.max(x, axis=0)
         y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))
-        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
 @triton.jit
@@ -75,7 +75,7 @@ def _log_softmax_fwd_looped_kernel(
         mask = cols < n_cols
         x = load_tile(x_row + cols, mask, -float("inf"), EVEN_N, "evict_first").to(tl.float32)
         y = (x - row_max) - log_total
-        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")
 
 
 @triton.jit

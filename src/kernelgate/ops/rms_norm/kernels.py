@@ -42,7 +42,7 @@ def _rms_norm_fwd_kernel(
     y = x * rstd[:, None]
     if HAS_WEIGHT:
         y = y * load_tile(w_ptr + cols, cols < n_cols, 0.0, EVEN_N, "").to(tl.float32)[None, :]
-    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
 @triton.jit
@@ -66,7 +66,7 @@ def _rms_norm_fwd_persistent_kernel(
         y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
         if HAS_WEIGHT:
             y = y * w
-        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
 @triton.jit
@@ -94,7 +94,7 @@ def _rms_norm_fwd_looped_kernel(
         y = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_first").to(tl.float32) * rstd
         if HAS_WEIGHT:
             y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
-        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")
 
 
 @triton.jit

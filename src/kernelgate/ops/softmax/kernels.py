@@ -29,7 +29,7 @@ def _softmax_fwd_kernel(
     x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, -float("inf"), EVEN_N, "").to(tl.float32)
     e = tl.exp(x - tl.max(x, axis=1)[:, None])
     y = e / tl.sum(e, axis=1)[:, None]
-    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+    store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
 @triton.jit
@@ -51,7 +51,7 @@ def _softmax_fwd_persistent_kernel(
         x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
         e = tl.exp(x - tl.max(x, axis=0))
         y = e / tl.sum(e, axis=0)
-        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
 @triton.jit
@@ -96,7 +96,7 @@ def _softmax_fwd_looped_kernel(
         mask = cols < n_cols
         x = load_tile(x_row + cols, mask, -float("inf"), EVEN_N, "evict_first").to(tl.float32)
         y = tl.exp(x - row_max) / total
-        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N)
+        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")
 
 
 @triton.jit

@@ -51,6 +51,29 @@ def test_every_implementation_compiles_for_sm90(triton_cache: Path, op: Op, shap
     assert compiled, f"{op.name}: no implementation accepts {shape}"
 
 
+def test_implementations_for_long_rows_compile_for_sm90(triton_cache: Path) -> None:
+    """Implementations that take only rows longer than one block (the persistent looped forwards) compile too, at
+    their untuned configuration, at a row of 16448 elements in bf16."""
+    compiled = set()
+    for op in BUILTIN_OPS:
+        if op.make_inputs is None:
+            continue
+        short = op.make_inputs(SHAPES[-1], torch.bfloat16, torch.device("cpu"))
+        values = op.make_inputs((2, 16448), torch.bfloat16, torch.device("cpu"))
+        for impl in op.implementations:
+            if impl.supports is None or impl.supports(*short) is None or impl.supports(*values) is not None:
+                continue
+            before = _cubins(triton_cache)
+            call_state.collect = []
+            try:
+                run_candidate(impl, impl.default_for(values), values, interpret=False, poison=False)
+            finally:
+                call_state.collect = None
+            assert _cubins(triton_cache) - before, f"{op.name} {impl.name}: no kernel was compiled"
+            compiled.add(f"{op.name} {impl.name}")
+    assert {"softmax persistent_looped", "log_softmax persistent_looped"} <= compiled, compiled
+
+
 # (op, implementation, its configuration but for NUM_STAGES, the kernel whose loop takes the stages)
 STAGED = [
     ("softmax", "persistent", {"num_warps": 8, "PER_SM": 1}, "_softmax_fwd_persistent_kernel"),

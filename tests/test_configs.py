@@ -13,7 +13,12 @@ import torch
 
 import kernelgate
 from every_config import check_every_config
-from kernelgate.rowwise import MAX_SINGLE_BLOCK, MAX_SINGLE_BLOCK_FORWARD
+from kernelgate.rowwise import (
+    INTERPRETED_L2_BYTES,
+    MAX_SINGLE_BLOCK,
+    MAX_SINGLE_BLOCK_FORWARD,
+    persistent_looped_programs,
+)
 from kernelgate.selection import compare, run_candidate
 
 # Every row-wise op, forward and backward: rows in one block (and a partial tile of rows), and rows
@@ -33,6 +38,8 @@ CASES += [(forward, (2, MAX_SINGLE_BLOCK_FORWARD + 65)) for forward, _ in ROWWIS
 
 # Forwards with a persistent implementation too (rows that fit one block).
 PERSISTENT = {"softmax", "log_softmax", "rms_norm"}
+# Forwards with a persistent looped implementation too (rows longer than one block).
+PERSISTENT_LOOPED = {"softmax", "log_softmax"}
 
 
 def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
@@ -41,7 +48,8 @@ def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
     rounded up to a power of two)."""
     limit = MAX_SINGLE_BLOCK_FORWARD if op.name in FORWARDS else MAX_SINGLE_BLOCK
     one_block = {"single_block"} | ({"persistent"} if op.name in PERSISTENT else set())
-    return (one_block if n_cols <= limit else set()) | ({"looped"} if n_cols > 512 else set())
+    long_rows = {"persistent_looped"} if op.name in PERSISTENT_LOOPED and n_cols > MAX_SINGLE_BLOCK else set()
+    return (one_block if n_cols <= limit else set()) | ({"looped"} if n_cols > 512 else set()) | long_rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -56,6 +64,48 @@ def test_every_config_matches_the_reference(
     values = op.make_inputs(shape, dtype, target)
     ran = check_every_config(op, values, target.type == "cpu")
     assert ran == _expected_implementations(op, shape[-1])
+
+
+def test_persistent_looped_programs_follow_the_multiprocessors_and_the_l2() -> None:
+    """PER_SM programs per multiprocessor (two under the interpreter), never more than the rows nor than the L2
+    holds rows (a 64 KiB stand-in under the interpreter), and always at least one."""
+    cpu = torch.device("cpu")
+    assert persistent_looped_programs(cpu, 100, 8_000, {"PER_SM": 2}) == 4
+    assert persistent_looped_programs(cpu, 3, 8_000, {"PER_SM": 2}) == 3
+    assert persistent_looped_programs(cpu, 100, 30_000, {"PER_SM": 2}) == INTERPRETED_L2_BYTES // 30_000 == 2
+    assert persistent_looped_programs(cpu, 100, 40_000, {"PER_SM": 2}) == 1
+    assert persistent_looped_programs(cpu, 100, 80_000, {"PER_SM": 1}) == 1
+
+
+@pytest.mark.parametrize("dim", [-1, 0])
+@pytest.mark.parametrize("op", [kernelgate.softmax, kernelgate.log_softmax], ids=lambda op: op.name)
+def test_persistent_looped_forwards_write_every_row_with_fewer_programs_than_rows(
+    target: torch.device, op: kernelgate.Op, dim: int
+) -> None:
+    """With fewer programs than rows, each program of the persistent looped forward takes every programs-th row:
+    under every configuration every row is written (into poisoned outputs) and matches the reference, along the
+    last dimension and along the first (moved last and back by the launcher). Some configurations launch fewer
+    programs than rows."""
+    launch_state = importlib.import_module("kernelgate.launch").call_state
+    impl = next(impl for impl in op.implementations if impl.name == "persistent_looped")
+    interpret = target.type == "cpu"
+    rows = 7 if interpret else 2 * torch.cuda.get_device_properties(target).multi_processor_count + 3
+    x = torch.randn(rows, MAX_SINGLE_BLOCK + 27, device=target)
+    if dim == 0:
+        x = x.t()
+    args = (x, dim)
+    grids = set()
+    for config in impl.candidate_configs(args):
+        launches: list[tuple[str, tuple[int, ...], dict[str, object]]] = []
+        saved, launch_state.launches = launch_state.launches, launches
+        try:
+            result = run_candidate(impl, config, args, interpret, poison=True)
+        finally:
+            launch_state.launches = saved
+        assert compare(result, op.reference(*args), x.shape[dim]) is None, config
+        ((_, grid, _),) = launches
+        grids.add(grid[0])
+    assert min(grids) < rows, grids
 
 
 UNMASKED_FORWARDS = [

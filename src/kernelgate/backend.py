@@ -128,6 +128,12 @@ def multiprocessors(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
+@functools.cache
+def l2_cache_bytes(device: torch.device) -> int:
+    """The size of a CUDA or ROCm device's L2 cache, in bytes."""
+    return int(torch.cuda.get_device_properties(device).L2_cache_size)
+
+
 # ---------------------------------------------------------------------------------------------
 # Compiled launches. ``kernel[grid](*args)`` runs Triton's launch path in Python on every call:
 # binding the arguments, specialising each one, the cache key, hooks, the grid, the stream. Once a

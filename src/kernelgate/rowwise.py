@@ -28,12 +28,15 @@ from kernelgate.launch import LazyKernel, as_rows, cdiv, empty, launch, next_pow
 from kernelgate.op import TritonImpl
 
 __all__ = [
+    "INTERPRETED_L2_BYTES",
     "LOOPED_CONFIGS",
     "LOOPED_CONFIGS_32_WARPS",
     "LOOPED_DEFAULT",
     "MAX_SINGLE_BLOCK",
     "MAX_SINGLE_BLOCK_FORWARD",
     "PERSISTENT_CONFIGS",
+    "PERSISTENT_LOOPED_CONFIGS",
+    "PERSISTENT_LOOPED_DEFAULT",
     "PERSISTENT_STAGE_BYTES",
     "ROW_BLOCK_CONFIGS",
     "SINGLE_BLOCK_CONFIGS",
@@ -47,6 +50,8 @@ __all__ = [
     "looped_impl",
     "per_thread_ok",
     "persistent_impl",
+    "persistent_looped_impl",
+    "persistent_looped_programs",
     "persistent_programs",
     "prune_looped",
     "prune_persistent",
@@ -315,10 +320,14 @@ def _n_rows_along(*args: Any) -> int:
 
 
 def along_dim_impls(
-    single: LazyKernel, looped: LazyKernel, persistent: LazyKernel | None = None
+    single: LazyKernel,
+    looped: LazyKernel,
+    persistent: LazyKernel | None = None,
+    persistent_looped: LazyKernel | None = None,
 ) -> tuple[TritonImpl, ...]:
-    """``single_block`` and ``looped`` implementations of an op ``(x, dim) -> y`` from its two kernels, and with
-    ``persistent`` a ``persistent`` one (see :func:`persistent_impl`)."""
+    """``single_block`` and ``looped`` implementations of an op ``(x, dim) -> y`` from its two kernels, with
+    ``persistent`` a ``persistent`` one (see :func:`persistent_impl`), and with ``persistent_looped`` (and
+    ``persistent``) a ``persistent_looped`` one (see :func:`persistent_looped_impl`)."""
 
     def launch_single(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
         return _run_along(x, dim, single, single_block(along_dim_length(x, dim)), config)
@@ -326,7 +335,7 @@ def along_dim_impls(
     def launch_looped(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
         return _run_along(x, dim, looped, config["BLOCK_N"], config)
 
-    impls = (
+    impls: tuple[TritonImpl, ...] = (
         single_block_impl(launch_single, single, _n_cols_along, _n_rows_along, max_block=MAX_SINGLE_BLOCK_FORWARD),
         looped_impl(launch_looped, looped, _n_cols_along, configs=LOOPED_CONFIGS_32_WARPS),
     )
@@ -346,7 +355,24 @@ def along_dim_impls(
         )  # fmt: skip
         return y if last else y.movedim(-1, dim).contiguous()
 
-    return (*impls, persistent_impl(launch_persistent, persistent, _n_cols_along, lambda *args: args[-2]))
+    impls = (*impls, persistent_impl(launch_persistent, persistent, _n_cols_along, lambda *args: args[-2]))
+    if persistent_looped is None:
+        return impls
+
+    def launch_persistent_looped(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
+        last = _is_last(x, dim)
+        moved = x if last else x.movedim(dim, -1)
+        rows = as_rows(moved, "x")
+        y = empty(moved.shape, dtype=x.dtype, device=x.device)
+        block = config["BLOCK_N"]
+        grid = (persistent_looped_programs(x.device, rows.n_rows, rows.n_cols * x.element_size(), config),)
+        launch(
+            persistent_looped, grid, rows.tensor, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols,
+            BLOCK_N=block, num_warps=config["num_warps"], EVEN_N=rows.n_cols % block == 0,
+        )  # fmt: skip
+        return y if last else y.movedim(-1, dim).contiguous()
+
+    return (*impls, persistent_looped_impl(launch_persistent_looped, persistent_looped, _n_cols_along))
 
 
 # --- persistent programs: a fixed number of programs, each looping over rows --------------------------
@@ -395,6 +421,45 @@ def persistent_impl(
         configs=PERSISTENT_CONFIGS,
         default_config=default,
         prune=lambda config, *args: prune_persistent(config, n_cols(*args), x(*args).element_size()),
+    )
+
+
+# --- persistent looped forwards: rows longer than one block, a fixed number of programs ------------------
+# A looped forward reads each row twice; the second read comes from L2 only while the rows in flight fit there.
+# On the H200 (132 multiprocessors, 50 MB of L2), softmax float32 at rows of 65536 (256 KiB), BLOCK_N 8192 and
+# 32 warps, took 97 us with a program per row: at 32 registers a thread two programs share a multiprocessor,
+# 264 rows (66 MiB) in flight. The same algorithm compiled to 42 registers, one program per multiprocessor,
+# took 84 us (benchmarks/results/h200/looped-gap-ffb60c5.txt). A persistent grid sets the rows in flight
+# directly: PER_SM programs per multiprocessor, and no more than the L2 holds rows.
+
+PERSISTENT_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(4096, 8192), num_warps=(16, 32), PER_SM=(1, 2))
+PERSISTENT_LOOPED_DEFAULT: Config = {"BLOCK_N": 8192, "num_warps": 32, "PER_SM": 1}
+# Under the interpreter (CPU tensors): a stand-in L2 small enough that it caps the grid at test shapes.
+INTERPRETED_L2_BYTES = 64 * 1024
+
+
+def persistent_looped_programs(device: torch.device, n_rows: int, row_bytes: int, config: Config) -> int:
+    """How many programs a persistent looped kernel launches: PER_SM per multiprocessor, at most one per row, and
+    no more than the L2 cache holds rows of ``row_bytes`` (at least one)."""
+    l2 = backend.l2_cache_bytes(device) if device.type == "cuda" else INTERPRETED_L2_BYTES
+    return max(1, min(persistent_programs(device, n_rows, config), l2 // max(row_bytes, 1)))
+
+
+def persistent_looped_impl(launcher: Callable[..., Any], kernel: LazyKernel, n_cols: Callable[..., int]) -> TritonImpl:
+    """The ``persistent_looped`` implementation of a row-wise forward, for rows longer than one block."""
+
+    def supports(*args: Any) -> str | None:
+        cols = n_cols(*args)
+        return None if cols > MAX_SINGLE_BLOCK else f"rows of {cols} fit one block of {MAX_SINGLE_BLOCK}"
+
+    return TritonImpl(
+        "persistent_looped",
+        launcher,
+        (kernel,),
+        supports=supports,
+        configs=PERSISTENT_LOOPED_CONFIGS,
+        default_config=PERSISTENT_LOOPED_DEFAULT,
+        prune=lambda config, *args: prune_looped(config, n_cols(*args)),
     )
 
 

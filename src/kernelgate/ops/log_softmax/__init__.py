@@ -18,6 +18,7 @@ _KERNELS = "kernelgate.ops.log_softmax.kernels"
 LOG_SOFTMAX_FWD = LazyKernel(_KERNELS, "_log_softmax_fwd_kernel")
 LOG_SOFTMAX_FWD_LOOPED = LazyKernel(_KERNELS, "_log_softmax_fwd_looped_kernel")
 LOG_SOFTMAX_FWD_PERSISTENT = LazyKernel(_KERNELS, "_log_softmax_fwd_persistent_kernel")
+LOG_SOFTMAX_FWD_PERSISTENT_LOOPED = LazyKernel(_KERNELS, "_log_softmax_fwd_persistent_looped_kernel")
 LOG_SOFTMAX_BWD = LazyKernel(_KERNELS, "_log_softmax_bwd_kernel")
 LOG_SOFTMAX_BWD_LOOPED = LazyKernel(_KERNELS, "_log_softmax_bwd_looped_kernel")
 
@@ -47,7 +48,9 @@ log_softmax = Op(
     "log_softmax",
     reference=log_softmax_reference,
     args=(TensorArg("x"), DimArg("dim", of="x")),
-    implementations=rowwise.along_dim_impls(LOG_SOFTMAX_FWD, LOG_SOFTMAX_FWD_LOOPED, LOG_SOFTMAX_FWD_PERSISTENT),
+    implementations=rowwise.along_dim_impls(
+        LOG_SOFTMAX_FWD, LOG_SOFTMAX_FWD_LOOPED, LOG_SOFTMAX_FWD_PERSISTENT, LOG_SOFTMAX_FWD_PERSISTENT_LOOPED
+    ),
     bucket=rowwise.along_dim_bucket,
     reduction_length=rowwise.along_dim_length,
     # The gradient needs only the output: dx = dy - exp(y) * sum(dy).

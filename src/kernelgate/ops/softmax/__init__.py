@@ -17,6 +17,7 @@ __all__ = ["softmax", "softmax_backward"]
 SOFTMAX_FWD = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_kernel")
 SOFTMAX_FWD_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_looped_kernel")
 SOFTMAX_FWD_PERSISTENT = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_persistent_kernel")
+SOFTMAX_FWD_PERSISTENT_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_persistent_looped_kernel")
 SOFTMAX_BWD = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_bwd_kernel")
 SOFTMAX_BWD_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_bwd_looped_kernel")
 
@@ -46,7 +47,9 @@ softmax = Op(
     "softmax",
     reference=softmax_reference,
     args=(TensorArg("x"), DimArg("dim", of="x")),
-    implementations=rowwise.along_dim_impls(SOFTMAX_FWD, SOFTMAX_FWD_LOOPED, SOFTMAX_FWD_PERSISTENT),
+    implementations=rowwise.along_dim_impls(
+        SOFTMAX_FWD, SOFTMAX_FWD_LOOPED, SOFTMAX_FWD_PERSISTENT, SOFTMAX_FWD_PERSISTENT_LOOPED
+    ),
     bucket=rowwise.along_dim_bucket,
     reduction_length=rowwise.along_dim_length,
     # The gradient needs only the output: dx = y * (dy - sum(dy * y)).

@@ -79,24 +79,44 @@ def online_max_and_sum(x_row, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexp
 
 
 @triton.jit
-def _softmax_fwd_looped_kernel(
-    x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False
-):  # fmt: skip
-    """Softmax of a row longer than one block: an online max-and-sum pass, then a normalising pass.
+def _softmax_looped_row(x_row, y_row, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr):
+    """Softmax of one row longer than a block: an online max-and-sum pass, then a normalising pass.
 
-    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,). Reads the row twice, writes it once. EVEN_N: n_cols is
-    a multiple of BLOCK_N, so no chunk needs masks.
+    Reads the row twice, writes it once. EVEN_N: n_cols is a multiple of BLOCK_N, so no chunk needs masks.
     """
-    row = tl.program_id(0)
-    x_row = x_ptr + row * stride_xm
     row_max, total = online_max_and_sum(x_row, n_cols, BLOCK_N, EVEN_N)
-    y_row = y_ptr + row * stride_ym
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
         x = load_tile(x_row + cols, mask, -float("inf"), EVEN_N, "evict_first").to(tl.float32)
         y = tl.exp(x - row_max) / total
-        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")
+        store_tile(y_row + cols, y.to(y_row.dtype.element_ty), mask, EVEN_N, "evict_first")
+
+
+@triton.jit
+def _softmax_fwd_looped_kernel(
+    x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False
+):  # fmt: skip
+    """Softmax of rows longer than one block, a row per program (:func:`_softmax_looped_row`).
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows,).
+    """
+    row = tl.program_id(0)
+    _softmax_looped_row(x_ptr + row * stride_xm, y_ptr + row * stride_ym, n_cols, BLOCK_N, EVEN_N)
+
+
+@triton.jit
+def _softmax_fwd_persistent_looped_kernel(
+    x_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False
+):  # fmt: skip
+    """Softmax of rows longer than one block by a fixed number of programs, each taking every
+    ``num_programs``-th row (:func:`_softmax_looped_row`), so that the rows in flight can fit L2 for their second
+    read (``rowwise.persistent_looped_programs``).
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (programs,), at most n_rows.
+    """
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        _softmax_looped_row(x_ptr + row * stride_xm, y_ptr + row * stride_ym, n_cols, BLOCK_N, EVEN_N)
 
 
 @triton.jit

@@ -87,7 +87,8 @@ ROW_BLOCK_CONFIGS = ConfigSpace(ROWS=(1, 2, 4, 8, 16, 32, 64), num_warps=(1, 2, 
 LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16))
 # With 32 warps too, for a looped forward light enough per element to keep 1024 threads busy: on the H200,
 # rms_norm's at bf16 rows of 32768 ran at 0.83 of copy with 16 warps and 0.93 with 32; softmax's at float32
-# rows of 65536 at 0.69 (as tuned, 16 warps at best) and 0.78 (benchmarks/results/h200/long-rows-c8ca3e4.txt).
+# rows of 65536 in 99.0 us as tuned (16 warps at best) and 87.5 us with 32
+# (benchmarks/results/h200/long-rows-c8ca3e4.txt).
 LOOPED_CONFIGS_32_WARPS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16, 32))
 LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8}
 

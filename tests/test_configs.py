@@ -39,7 +39,7 @@ CASES += [(forward, (2, MAX_SINGLE_BLOCK_FORWARD + 65)) for forward, _ in ROWWIS
 # Forwards with a persistent implementation too (rows that fit one block).
 PERSISTENT = {"softmax", "log_softmax", "rms_norm"}
 # Forwards with a persistent looped implementation too (rows longer than one block).
-PERSISTENT_LOOPED = {"softmax", "log_softmax"}
+PERSISTENT_LOOPED = {"softmax", "log_softmax", "rms_norm"}
 
 
 def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
@@ -77,23 +77,36 @@ def test_persistent_looped_programs_follow_the_multiprocessors_and_the_l2() -> N
     assert persistent_looped_programs(cpu, 100, 80_000, {"PER_SM": 1}) == 1
 
 
-@pytest.mark.parametrize("dim", [-1, 0])
-@pytest.mark.parametrize("op", [kernelgate.softmax, kernelgate.log_softmax], ids=lambda op: op.name)
+# (op, the dimension its rows run along): softmax and log_softmax also along the first, moved last by the launcher.
+PERSISTENT_LOOPED_CASES = [
+    (kernelgate.softmax, -1),
+    (kernelgate.softmax, 0),
+    (kernelgate.log_softmax, -1),
+    (kernelgate.log_softmax, 0),
+    (kernelgate.rms_norm, -1),
+]
+
+
+@pytest.mark.parametrize(
+    ("op", "dim"), PERSISTENT_LOOPED_CASES, ids=[f"{op.name}-dim{dim}" for op, dim in PERSISTENT_LOOPED_CASES]
+)
 def test_persistent_looped_forwards_write_every_row_with_fewer_programs_than_rows(
     target: torch.device, op: kernelgate.Op, dim: int
 ) -> None:
     """With fewer programs than rows, each program of the persistent looped forward takes every programs-th row:
-    under every configuration every row is written (into poisoned outputs) and matches the reference, along the
-    last dimension and along the first (moved last and back by the launcher). Some configurations launch fewer
-    programs than rows."""
+    under every configuration every row is written (into poisoned outputs) and matches the reference (softmax
+    and log_softmax also along the first dimension). Some configurations launch fewer programs than rows."""
     launch_state = importlib.import_module("kernelgate.launch").call_state
     impl = next(impl for impl in op.implementations if impl.name == "persistent_looped")
     interpret = target.type == "cpu"
     rows = 7 if interpret else 2 * torch.cuda.get_device_properties(target).multi_processor_count + 3
-    x = torch.randn(rows, MAX_SINGLE_BLOCK + 27, device=target)
-    if dim == 0:
-        x = x.t()
-    args = (x, dim)
+    length = MAX_SINGLE_BLOCK + 27
+    if op.name in ("softmax", "log_softmax"):
+        x = torch.randn(rows, length, device=target)
+        args: tuple[object, ...] = (x.t() if dim == 0 else x, dim)
+    else:
+        assert op.make_inputs is not None
+        args = op.make_inputs((rows, length), torch.float32, target)
     grids = set()
     for config in impl.candidate_configs(args):
         launches: list[tuple[str, tuple[int, ...], dict[str, object]]] = []
@@ -102,7 +115,7 @@ def test_persistent_looped_forwards_write_every_row_with_fewer_programs_than_row
             result = run_candidate(impl, config, args, interpret, poison=True)
         finally:
             launch_state.launches = saved
-        assert compare(result, op.reference(*args), x.shape[dim]) is None, config
+        assert compare(result, op.reference(*args), length) is None, config
         ((_, grid, _),) = launches
         grids.add(grid[0])
     assert min(grids) < rows, grids

@@ -18,6 +18,7 @@ __all__ = ["rms_norm", "rms_norm_backward"]
 RMS_NORM_FWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_kernel")
 RMS_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_looped_kernel")
 RMS_NORM_FWD_PERSISTENT = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_persistent_kernel")
+RMS_NORM_FWD_PERSISTENT_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_persistent_looped_kernel")
 RMS_NORM_BWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_kernel")
 RMS_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_looped_kernel")
 # Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
@@ -61,6 +62,22 @@ def _launch_persistent(
         rows.tensor if w is None else w, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols, eps,
         HAS_WEIGHT=w is not None, BLOCK_N=rowwise.single_block(rows.n_cols), NUM_STAGES=config["NUM_STAGES"],
         num_warps=config["num_warps"], EVEN_N=rows.n_cols == rowwise.single_block(rows.n_cols),
+    )  # fmt: skip
+    return y
+
+
+def _launch_persistent_looped(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> torch.Tensor:
+    rows = as_rows(x, "x")
+    w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
+    y = empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
+    block = config["BLOCK_N"]
+    programs = rowwise.persistent_looped_programs(x.device, rows.n_rows, rows.n_cols * x.element_size(), config)
+    launch(
+        RMS_NORM_FWD_PERSISTENT_LOOPED, (programs,), rows.tensor, rows.tensor if w is None else w, y, rows.stride,
+        rows.n_cols, rows.n_rows, rows.n_cols, eps, HAS_WEIGHT=w is not None, BLOCK_N=block,
+        num_warps=config["num_warps"], EVEN_N=rows.n_cols % block == 0,
     )  # fmt: skip
     return y
 
@@ -186,6 +203,7 @@ rms_norm = Op(
             _launch_looped, RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1], configs=rowwise.LOOPED_CONFIGS_32_WARPS
         ),
         rowwise.persistent_impl(_launch_persistent, RMS_NORM_FWD_PERSISTENT, _row_length, lambda x, *_: x),
+        rowwise.persistent_looped_impl(_launch_persistent_looped, RMS_NORM_FWD_PERSISTENT_LOOPED, _row_length),
     ),
     bucket=_bucket,
     reduction_length=_row_length,

@@ -70,31 +70,59 @@ def _rms_norm_fwd_persistent_kernel(
 
 
 @triton.jit
-def _rms_norm_fwd_looped_kernel(
-    x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
-    EVEN_N: tl.constexpr = False,
+def _rms_norm_looped_row(
+    x_row, w_ptr, y_row, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr
 ):  # fmt: skip
-    """rms_norm of a row longer than one block: a sum-of-squares pass, then a normalising pass.
+    """rms_norm of one row longer than a block: a sum-of-squares pass, then a normalising pass.
 
-    x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,). Grid: (n_rows,). Reads the row twice (the
-    second read mostly from L2). EVEN_N: n_cols is a multiple of BLOCK_N, so no chunk needs masks.
+    Reads the row twice (the second read mostly from L2). EVEN_N: n_cols is a multiple of BLOCK_N, so no chunk
+    needs masks.
     """
-    row = tl.program_id(0)
-    x_row = x_ptr + row * stride_xm
     acc = tl.zeros([BLOCK_N], tl.float32)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         x = load_tile(x_row + cols, cols < n_cols, 0.0, EVEN_N, "evict_last").to(tl.float32)
         acc += x * x
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
-    y_row = y_ptr + row * stride_ym
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
         y = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_first").to(tl.float32) * rstd
         if HAS_WEIGHT:
             y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
-        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")
+        store_tile(y_row + cols, y.to(y_row.dtype.element_ty), mask, EVEN_N, "evict_first")
+
+
+@triton.jit
+def _rms_norm_fwd_looped_kernel(
+    x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """rms_norm of rows longer than one block, a row per program (:func:`_rms_norm_looped_row`).
+
+    x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,). Grid: (n_rows,).
+    """
+    row = tl.program_id(0)
+    _rms_norm_looped_row(
+        x_ptr + row * stride_xm, w_ptr, y_ptr + row * stride_ym, n_cols, eps, HAS_WEIGHT, BLOCK_N, EVEN_N
+    )
+
+
+@triton.jit
+def _rms_norm_fwd_persistent_looped_kernel(
+    x_ptr, w_ptr, y_ptr, stride_xm, stride_ym, n_rows, n_cols, eps, HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """rms_norm of rows longer than one block by a fixed number of programs, each taking every
+    ``num_programs``-th row (:func:`_rms_norm_looped_row`), so that the rows in flight can fit L2 for their
+    second read (``rowwise.persistent_looped_programs``).
+
+    x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,). Grid: (programs,), at most n_rows.
+    """
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        _rms_norm_looped_row(
+            x_ptr + row * stride_xm, w_ptr, y_ptr + row * stride_ym, n_cols, eps, HAS_WEIGHT, BLOCK_N, EVEN_N
+        )
 
 
 @triton.jit

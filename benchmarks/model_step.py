@@ -159,6 +159,34 @@ def _steps(model: Decoder, batch: tuple[torch.Tensor, torch.Tensor], ops: Ops, n
     return (issued - start) / n * 1e3, (end - start) / n * 1e3
 
 
+def _step_routes(model: Decoder, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, str]:
+    """How kernelgate's autograd calls ran in the timed steps, per op and input shape: through its Function or eager
+    autograd of the reference, and why (``Op.step_route``), read from the calls of one more step."""
+    calls: dict[str, tuple[kg.Op, tuple[Any, ...]]] = {}
+
+    def recorded(op: kg.Op) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            shapes = "/".join("x".join(map(str, a.shape)) for a in args if isinstance(a, torch.Tensor))
+            calls.setdefault(f"{op.name} {shapes}", (op, args))
+            return op(*args)
+
+        return call
+
+    ops = Ops(
+        rms_norm=recorded(kg.rms_norm),
+        rotary=recorded(kg.rotary_embedding),
+        swiglu=recorded(kg.swiglu),
+        cross_entropy=recorded(kg.cross_entropy),
+    )
+    model.zero_grad(set_to_none=True)
+    model.loss(*batch, ops).backward()
+    routes = {}
+    for key, (op, args) in calls.items():
+        route = op.step_route(*args)
+        routes[key] = f"{route.path}: {route.detail}"
+    return routes
+
+
 def _grad_norm(model: Decoder) -> float:
     norms = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(norms)))
@@ -239,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": [[round(i, 3), round(t, 3)] for i, t in rounds],
             "tokens_per_s_median": round(cfg.batch * cfg.seq / statistics.median(totals) * 1e3, 1),
         }
+    routes = _step_routes(model, batch)
     ratio = summary["torch"]["ms_per_step_median"] / summary["kernelgate"]["ms_per_step_median"]
     result = {
         "benchmark": "a decoder's training step (zero_grad, forward, backward): eager torch against kernelgate's ops",
@@ -253,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "checks_agree": agree,
         "variants": summary,
         "speedup_median": round(ratio, 3),
+        "step_routes": routes,
     }
     write_json(args.out, result)
     for name, row in summary.items():

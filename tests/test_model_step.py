@@ -36,6 +36,14 @@ def test_the_decoder_runs_kernelgates_kernels_and_matches_torch(model_step: Modu
     assert set(result["variants"]) == {"torch", "kernelgate"}
     assert all(v["ms_per_step_median"] > 0 for v in result["variants"].values())
     assert result["kernelgate_mode"] == "triton" and "kernelgate_commit" in result
+    # Each op's autograd calls, per input shape, and how they ran: in mode triton, through the Function.
+    assert {key.split()[0] for key in result["step_routes"]} == {
+        "rms_norm",
+        "rotary_embedding",
+        "swiglu",
+        "cross_entropy",
+    }
+    assert all(route.startswith("function: mode triton") for route in result["step_routes"].values()), result
 
 
 def test_a_kernelgate_variant_that_disagrees_with_torch_fails_the_run(

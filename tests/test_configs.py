@@ -66,6 +66,22 @@ def test_every_config_matches_the_reference(
     assert ran == _expected_implementations(op, shape[-1])
 
 
+@pytest.mark.parametrize("n_cols", [300, MAX_SINGLE_BLOCK + 27])
+def test_every_rms_norm_forward_runs_without_a_weight(target: torch.device, n_cols: int) -> None:
+    """Without a weight, each rms_norm forward implementation that takes the row (its kernels get x's rows as the
+    weight pointer and read none of it) writes every row, into poisoned outputs, as the reference does."""
+    op = kernelgate.rms_norm
+    x = torch.randn(5, n_cols, device=target)
+    ran = set()
+    for impl in op.implementations:
+        if impl.supports is not None and impl.supports(x, None, 1e-6) is not None:
+            continue
+        result = run_candidate(impl, impl.default_for((x, None, 1e-6)), (x, None, 1e-6), target.type == "cpu", True)
+        assert compare(result, op.reference(x, None, 1e-6), n_cols) is None, impl.name
+        ran.add(impl.name)
+    assert _expected_implementations(op, n_cols) <= ran, ran
+
+
 def test_persistent_looped_programs_follow_the_multiprocessors_and_the_l2() -> None:
     """PER_SM programs per multiprocessor (two under the interpreter), never more than the rows nor than the L2
     holds rows (a 64 KiB stand-in under the interpreter), and always at least one."""

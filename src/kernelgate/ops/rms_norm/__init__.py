@@ -7,7 +7,7 @@ import torch
 from kernelgate import rowwise
 from kernelgate.config import Config
 from kernelgate.contract import ScalarArg, TensorArg
-from kernelgate.launch import LazyKernel, as_rows, empty, launch
+from kernelgate.launch import LazyKernel, Rows, as_rows, empty, launch
 from kernelgate.library import Backward
 from kernelgate.op import Op
 from kernelgate.ops.rms_norm.reference import rms_norm_backward_reference, rms_norm_reference
@@ -26,16 +26,21 @@ RMS_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_b
 BWD_PROGRAMS_PER_SM = 4
 
 
+def _forward_operands(x: torch.Tensor, weight: torch.Tensor | None) -> tuple[Rows, torch.Tensor, torch.Tensor]:
+    """A forward's rows of x, the weight pointer (contiguous; x's rows where there is no weight, which the kernels
+    read only with HAS_WEIGHT) and the output, contiguous: rows n_cols apart."""
+    rows = as_rows(x, "x")
+    w = rows.tensor if weight is None else weight if weight.stride(0) == 1 else weight.contiguous()
+    return rows, w, empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 def _run_rows(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, kernel: LazyKernel, block: int, config: Config
 ) -> torch.Tensor:
-    rows = as_rows(x, "x")
-    w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
-    y = empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
-    any_pointer = rows.tensor  # the kernel reads no weight without HAS_WEIGHT
-    operands = (rows.tensor, any_pointer if w is None else w, y, rows.stride, rows.n_cols)
+    rows, w, y = _forward_operands(x, weight)
     rowwise.launch_rows(
-        kernel, rows.n_rows, operands, (rows.n_cols, eps), config=config, block=block, HAS_WEIGHT=w is not None,
+        kernel, rows.n_rows, (rows.tensor, w, y, rows.stride, rows.n_cols), (rows.n_cols, eps), config=config,
+        block=block, HAS_WEIGHT=weight is not None,
         EVEN_N=rows.n_cols % block == 0 and config.get("ROWS", 1) == 1,  # a partial last tile of rows needs masks
     )  # fmt: skip
     return y
@@ -54,14 +59,12 @@ def _launch_looped(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e
 def _launch_persistent(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> torch.Tensor:
-    rows = as_rows(x, "x")
-    w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
-    y = empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
+    rows, w, y = _forward_operands(x, weight)
     launch(
-        RMS_NORM_FWD_PERSISTENT, (rowwise.persistent_programs(x.device, rows.n_rows, config),), rows.tensor,
-        rows.tensor if w is None else w, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols, eps,
-        HAS_WEIGHT=w is not None, BLOCK_N=rowwise.single_block(rows.n_cols), NUM_STAGES=config["NUM_STAGES"],
-        num_warps=config["num_warps"], EVEN_N=rows.n_cols == rowwise.single_block(rows.n_cols),
+        RMS_NORM_FWD_PERSISTENT, (rowwise.persistent_programs(x.device, rows.n_rows, config),), rows.tensor, w, y,
+        rows.stride, rows.n_cols, rows.n_rows, rows.n_cols, eps, HAS_WEIGHT=weight is not None,
+        BLOCK_N=rowwise.single_block(rows.n_cols), NUM_STAGES=config["NUM_STAGES"], num_warps=config["num_warps"],
+        EVEN_N=rows.n_cols == rowwise.single_block(rows.n_cols),
     )  # fmt: skip
     return y
 
@@ -69,15 +72,13 @@ def _launch_persistent(
 def _launch_persistent_looped(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> torch.Tensor:
-    rows = as_rows(x, "x")
-    w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
-    y = empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
+    rows, w, y = _forward_operands(x, weight)
     block = config["BLOCK_N"]
     programs = rowwise.persistent_looped_programs(x.device, rows.n_rows, rows.n_cols * x.element_size(), config)
     launch(
-        RMS_NORM_FWD_PERSISTENT_LOOPED, (programs,), rows.tensor, rows.tensor if w is None else w, y, rows.stride,
-        rows.n_cols, rows.n_rows, rows.n_cols, eps, HAS_WEIGHT=w is not None, BLOCK_N=block,
-        num_warps=config["num_warps"], EVEN_N=rows.n_cols % block == 0,
+        RMS_NORM_FWD_PERSISTENT_LOOPED, (programs,), rows.tensor, w, y, rows.stride, rows.n_cols, rows.n_rows,
+        rows.n_cols, eps, HAS_WEIGHT=weight is not None, BLOCK_N=block, num_warps=config["num_warps"],
+        EVEN_N=rows.n_cols % block == 0,
     )  # fmt: skip
     return y
 

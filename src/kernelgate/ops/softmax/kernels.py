@@ -61,12 +61,22 @@ def online_max_and_sum(x_row, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexp
     Each lane keeps a running max ``m`` and a sum ``s`` of ``exp(x - m)``, rescaled when ``m`` grows.
     The row is loaded with ``evict_last``, so the caller's second pass may find it in L2. Shared by
     the looped softmax and log_softmax kernels. EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
+
+    The next block's load is issued before a block's arithmetic, so that it is in flight while the
+    exponentials run: left to itself, ptxas issued a block's later loads only after the first part's
+    exponentials (benchmarks/results/compile-sm90/looped-prefetch-registers.txt). The last block's
+    "next" load is clamped to the last block again, so every load stays inside the row; it is served
+    from L2 and its value is not used.
     """
     m = tl.full([BLOCK_N], -float("inf"), tl.float32)
     s = tl.zeros([BLOCK_N], tl.float32)
+    offsets = tl.arange(0, BLOCK_N)
+    last_start = (n_cols - 1) // BLOCK_N * BLOCK_N
+    x_next = load_tile(x_row + offsets, offsets < n_cols, -float("inf"), EVEN_N, "evict_last")
     for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        x = load_tile(x_row + cols, cols < n_cols, -float("inf"), EVEN_N, "evict_last").to(tl.float32)
+        x = x_next.to(tl.float32)
+        next_cols = tl.minimum(start + BLOCK_N, last_start) + offsets
+        x_next = load_tile(x_row + next_cols, next_cols < n_cols, -float("inf"), EVEN_N, "evict_last")
         m_new = tl.maximum(m, x)
         # exp(-inf - -inf) would be NaN: -inf terms contribute 0 explicitly. A NaN input fails the
         # == test and propagates into s, as it does in torch, whether or not max() ignored it.

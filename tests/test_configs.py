@@ -66,6 +66,24 @@ def test_every_config_matches_the_reference(
     assert ran == _expected_implementations(op, shape[-1])
 
 
+@pytest.mark.parametrize("n_cols", [MAX_SINGLE_BLOCK + 27, 2 * MAX_SINGLE_BLOCK])
+@pytest.mark.parametrize("op", [kernelgate.softmax, kernelgate.log_softmax], ids=lambda op: op.name)
+def test_every_softmax_forward_handles_special_values(target: torch.device, op: kernelgate.Op, n_cols: int) -> None:
+    """-inf entries (in the first block, in the masked last column), rows of only -inf, +inf, NaN and +-1e4 give the
+    reference's results, NaN where it has NaN, under every configuration of every forward implementation: the looped
+    kernels' running max and sum start at -inf and meet these values block by block."""
+    inf = float("inf")
+    x = torch.randn(7, n_cols, device=target)
+    x[0, : n_cols // 2] = -inf
+    x[1, :] = -inf
+    x[2, 3] = inf
+    x[3, 1] = float("nan")
+    x[4, :] = 1e4
+    x[5, ::2] = -1e4
+    x[6, n_cols - 1] = -inf
+    assert check_every_config(op, (x, -1), target.type == "cpu") == _expected_implementations(op, n_cols)
+
+
 @pytest.mark.parametrize("n_cols", [300, MAX_SINGLE_BLOCK + 27])
 def test_every_rms_norm_forward_runs_without_a_weight(target: torch.device, n_cols: int) -> None:
     """Without a weight, each rms_norm forward implementation that takes the row (its kernels get x's rows as the

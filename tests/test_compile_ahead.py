@@ -62,11 +62,36 @@ def test_workers_compile_exactly_what_the_process_then_loads(triton_cache: Path)
     from kernelgate.ops.softmax.kernels import _softmax_fwd_kernel
 
     x = torch.randn(64, 96, device=device)
-    for rows in (1, 2, 4):
-        for num_warps in (1, 2):
-            meta = {"ROWS": rows, "BLOCK_N": 128, "num_warps": num_warps}
-            warm_compiled(_softmax_fwd_kernel, (1,), (x, torch.empty_like(x), 96, 96, 64, 96), meta)
+    with compile_ahead.count_compiles() as count:
+        for rows in (1, 2, 4):
+            for num_warps in (1, 2):
+                meta = {"ROWS": rows, "BLOCK_N": 128, "num_warps": num_warps}
+                warm_compiled(_softmax_fwd_kernel, (1,), (x, torch.empty_like(x), 96, 96, 64, 96), meta)
     assert _files(triton_cache) == built, "the process found every kernel in the workers' cache entries"
+    assert count is not None and (count.compiled, count.loaded) == (0, 6), str(count)
+
+
+def test_count_compiles_tells_compiled_from_loaded(triton_cache: Path) -> None:
+    """Within count_compiles, a kernel Triton builds counts as compiled (with its compile time), one it then finds
+    in its on-disk cache in a fresh in-memory state as loaded; the listener set before is restored and still called."""
+    import triton
+
+    from kernelgate.backend import warm_compiled
+    from kernelgate.ops.softmax.kernels import _softmax_fwd_kernel
+
+    x = torch.randn(8, 96, device="cuda" if torch.cuda.is_available() else "cpu")
+    seen: list[bool] = []
+    triton.knobs.compilation.listener = lambda **kwargs: seen.append(kwargs["cache_hit"])
+    meta = {"ROWS": 16, "BLOCK_N": 128, "num_warps": 4}  # a configuration no other test compiles
+    try:
+        with compile_ahead.count_compiles() as count:
+            warm_compiled(_softmax_fwd_kernel, (1,), (x, torch.empty_like(x), 96, 96, 8, 96), meta)
+            _softmax_fwd_kernel.device_caches.clear()  # as a new process: Triton must look in its cache again
+            warm_compiled(_softmax_fwd_kernel, (1,), (x, torch.empty_like(x), 96, 96, 8, 96), meta)
+        assert triton.knobs.compilation.listener is not None and seen == [False, True]
+    finally:
+        triton.knobs.compilation.listener = None
+    assert count is not None and (count.compiled, count.loaded) == (1, 1) and count.seconds_compiling > 0, str(count)
 
 
 def test_a_job_that_fails_in_a_worker_is_reported_and_the_pool_goes_on(triton_cache: Path) -> None:

@@ -120,6 +120,7 @@ def test_the_faster_candidate_wins_then_the_decision_is_cached(tmp_path: Path) -
     assert entry["candidates"]["fast"] < entry["candidates"]["slow"] < entry["reference_us"]
     seconds = entry["seconds"]
     assert seconds["compiled_ahead"] == "off", "nothing is compiled ahead for the interpreter"
+    assert seconds["gate_kernels"] == "not counted", "the interpreter compiles nothing"
     # The gate ran each candidate once (2 ms for slow); the timing ran both five times (10 ms for
     # slow), and the reference (6 ms) five times.
     assert seconds["gate"] >= 0.002 and seconds["compile_ahead"] < 0.01

@@ -32,7 +32,16 @@ from typing import IO, Any, NamedTuple
 
 from kernelgate.launch import call_state
 
-__all__ = ["CompileJob", "Outcome", "collect_jobs", "compile_ahead", "default_workers", "shutdown"]
+__all__ = [
+    "CompileCount",
+    "CompileJob",
+    "Outcome",
+    "collect_jobs",
+    "compile_ahead",
+    "count_compiles",
+    "default_workers",
+    "shutdown",
+]
 
 # Workers left idle this long are stopped; the next tuning starts new ones.
 IDLE_STOP_S = 60.0
@@ -97,6 +106,57 @@ def collect_jobs() -> Iterator[list[CompileJob]]:
     finally:
         call_state.collect = None
         runtime.jit_cache_hook = previous
+
+
+class CompileCount:
+    """Kernels Triton compiled, and kernels it loaded from its on-disk cache, while :func:`count_compiles` ran.
+
+    A kernel this process had already loaded is neither: Triton keeps it in memory and asks nothing.
+    """
+
+    def __init__(self) -> None:
+        self.compiled = 0
+        self.loaded = 0
+        self.seconds_compiling = 0.0
+
+    def __str__(self) -> str:
+        return f"{self.compiled} compiled ({self.seconds_compiling:.1f} s), {self.loaded} loaded from the cache"
+
+
+@contextlib.contextmanager
+def count_compiles() -> Iterator[CompileCount | None]:
+    """Count, within the block, the kernels Triton compiles and those it finds in its on-disk cache.
+
+    Through Triton's compilation listener (``triton.knobs.compilation.listener``), chained to any listener
+    already set; yields None where this Triton has none. After :func:`compile_ahead` every candidate's kernels
+    should load from the cache: a count of compiled ones says the workers' entries were missed (another cache
+    directory, or another specialization), and the gate paid for compiling them one by one.
+    """
+    try:
+        import triton
+
+        compilation = triton.knobs.compilation
+        previous = compilation.listener
+    except (ImportError, AttributeError):
+        yield None
+        return
+    count = CompileCount()
+
+    def listener(**kwargs: Any) -> None:
+        if kwargs.get("cache_hit"):
+            count.loaded += 1
+        else:
+            count.compiled += 1
+            total_us = getattr(kwargs.get("times"), "total", 0)  # CompileTimes, in microseconds
+            count.seconds_compiling += total_us / 1e6 if isinstance(total_us, (int, float)) else 0.0
+        if previous is not None:
+            previous(**kwargs)
+
+    compilation.listener = listener
+    try:
+        yield count
+    finally:
+        compilation.listener = previous
 
 
 class _Worker:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kernelgate.compile_ahead import Outcome, compile_ahead, default_workers
+from kernelgate.compile_ahead import Outcome, compile_ahead, count_compiles, default_workers
 from kernelgate.config import Config, config_label
 from kernelgate.dispatch import Reason
 from kernelgate.launch import Unsupported, call_state
@@ -391,25 +391,27 @@ def _tune_here(
     results: list[CandidateResult] = []
     passed: list[tuple[TritonImpl, Config | None, tuple[Any, ...]]] = []
     unsupported: Unsupported | None = None
-    for impl in impls:
-        for config in impl.candidate_configs(values):
-            args = clone_args(values, op.mutated_positions)
-            try:
-                out = run_candidate(impl, config, args, interpret, poison=True)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-            except Unsupported as err:
-                unsupported = unsupported or err
-                results.append(CandidateResult(impl.name, config, "unsupported", detail=str(err)))
-                continue
-            except Exception as err:  # a config that fails to compile or run is skipped, not fatal
-                results.append(CandidateResult(impl.name, config, "error", detail=f"{type(err).__name__}: {err}"[:500]))
-                continue
-            mismatch = compare(out, expected, reduction, op.normwise_outputs, truth)
-            if mismatch is not None:
-                results.append(CandidateResult(impl.name, config, "mismatch", detail=str(mismatch)))
-                continue
-            passed.append((impl, config, args))
+    with count_compiles() as gate_kernels:
+        for impl in impls:
+            for config in impl.candidate_configs(values):
+                args = clone_args(values, op.mutated_positions)
+                try:
+                    out = run_candidate(impl, config, args, interpret, poison=True)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                except Unsupported as err:
+                    unsupported = unsupported or err
+                    results.append(CandidateResult(impl.name, config, "unsupported", detail=str(err)))
+                    continue
+                except Exception as err:  # a config that fails to compile or run is skipped, not fatal
+                    detail = f"{type(err).__name__}: {err}"[:500]
+                    results.append(CandidateResult(impl.name, config, "error", detail=detail))
+                    continue
+                mismatch = compare(out, expected, reduction, op.normwise_outputs, truth)
+                if mismatch is not None:
+                    results.append(CandidateResult(impl.name, config, "mismatch", detail=str(mismatch)))
+                    continue
+                passed.append((impl, config, args))
     gated = time.perf_counter()
     results += _time_passing(passed, device, interpret)
     if unsupported is not None and not any(r.verdict == "pass" for r in results):
@@ -456,12 +458,13 @@ def _tune_here(
         "source": "tuned",
         # Where the tuning time went: compiling ahead (with how many of its kernels the workers
         # built), running each candidate once against the reference (loading, or compiling what
-        # was not built ahead), timing the passing candidates (how many passed, how many of them
-        # got the full timing after the short one), and timing the reference.
+        # was not built ahead: gate_kernels counts each), timing the passing candidates (how many
+        # passed, how many of them got the full timing after the short one), and timing the reference.
         "seconds": {
             "compile_ahead": round(compiled - started, 3),
             "compiled_ahead": f"{ahead.compiled}/{ahead.jobs}" if ahead is not None else "off",
             "gate": round(gated - compiled, 3),
+            "gate_kernels": str(gate_kernels) if gate_kernels is not None and not interpret else "not counted",
             "timing": round(timed - gated, 3),
             "timed": f"{len(passed)} passed, {sum(r.verdict == 'pass' for r in results)} in full",
             "timing_reference": round(time.perf_counter() - timed, 3),

@@ -77,7 +77,9 @@ def _run_forward(
     kernel: LazyKernel,
     block: int,
     config: Config,
+    **meta: Any,
 ) -> torch.Tensor:
+    """Launch a forward ``kernel`` over the rows of ``x``; ``meta``: further compile-time arguments of the kernel."""
     check_affine("layer_norm", normalized_shape, weight, bias)
     rows = _rows(x, len(normalized_shape), "x")
     w, b = _flat(weight), _flat(bias)
@@ -95,6 +97,7 @@ def _run_forward(
         kernel, rows.n_rows, operands, (rows.n_cols, float(eps)), config=config, block=block,
         HAS_WEIGHT=w is not None, HAS_BIAS=b is not None,
         EVEN_N=rows.n_cols % block == 0 and config.get("ROWS", 1) == 1,  # a partial last tile of rows needs masks
+        **meta,
     )  # fmt: skip
     return y
 

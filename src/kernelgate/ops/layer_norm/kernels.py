@@ -80,9 +80,8 @@ def _layer_norm_fwd_looped_kernel(
 
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr, b_ptr: (n_cols,). Grid: (n_rows,). The first pass
     streams the row once, keeping per lane a running mean and sum of squared deviations (no
-    reduction inside the loop); the second pass goes over the blocks in reverse, so the blocks read
-    last, the likeliest still in L2, are read again first. The first pass asks L2 to keep x, the
-    second to drop it. EVEN_N: n_cols is a multiple of BLOCK_N, so the loads and stores need no masks.
+    reduction inside the loop), and asks L2 to keep x; the second is :func:`normalise_row`. EVEN_N:
+    n_cols is a multiple of BLOCK_N, so the loads and stores need no masks.
     """
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
@@ -111,6 +110,20 @@ def _layer_norm_fwd_looped_kernel(
     rstd = tl.rsqrt(tl.maximum(var, 0.0) + eps)
     centre = m0 + shift  # mean(x) - k
     y_row = y_ptr + row * stride_ym
+    normalise_row(x_row, w_ptr, b_ptr, y_row, n_cols, k, centre, rstd, HAS_WEIGHT, HAS_BIAS, BLOCK_N, EVEN_N)
+
+
+@triton.jit
+def normalise_row(
+    x_row, w_ptr, b_ptr, y_row, n_cols, k, centre, rstd, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
+):  # fmt: skip
+    """The looped forward's second pass: y = ((x - k) - centre) * rstd * w + b over a row, block by block.
+
+    Goes over the blocks in reverse, so the blocks the first pass read last, the likeliest still in L2, are read
+    again first. It asks L2 to drop x and y. EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
+    """
+    lanes = tl.arange(0, BLOCK_N)
     n_blocks = tl.cdiv(n_cols, BLOCK_N)
     for i in range(0, n_blocks):
         cols = (n_blocks - 1 - i) * BLOCK_N + lanes
@@ -121,7 +134,7 @@ def _layer_norm_fwd_looped_kernel(
             y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         if HAS_BIAS:
             y = y + load_tile(b_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
-        store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")
+        store_tile(y_row + cols, y.to(y_row.dtype.element_ty), mask, EVEN_N, "evict_first")
 
 
 @triton.jit

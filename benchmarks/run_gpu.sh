@@ -11,6 +11,11 @@
 #                                     minutes); RESUME=path/to/bench.csv continues that run (--resume)
 #   benchmarks/run_gpu.sh profile OUT benchmarks/profile_case.py for each of CASES, space-separated
 #                                     op:shape:dtype:direction (e.g. cross_entropy:8192x32000:bfloat16:forward+backward)
+#   benchmarks/run_gpu.sh ab OUT      `kernelgate bench BENCH_ARGS` on another kernelgate's sources, BASE_SRC (its commit:
+#                                     BASE_COMMIT), then on this tree, each with its own caches (BENCH_ARGS default:
+#                                     --suite benchmarks/long-rows.json --no-backward --no-compile --no-liger); make
+#                                     BASE_SRC with `git archive BASE src | tar -x -C DIR` and pass DIR/src
+#   benchmarks/run_gpu.sh variants OUT benchmarks/layer_norm_variants.py
 # Everything is written under OUT (default ./gpu-out), then packed into OUT.tar.gz. The device returns
 # at most 8 files, and nothing of a call killed at its time limit except what is already there, so
 # every step stops by BUDGET seconds (default 570) and the packing always runs.
@@ -74,7 +79,29 @@ elif [ "$part" = profile ]; then
     within_budget python3 benchmarks/profile_case.py --op "$op" --shape "$shape" --dtype "$dtype" --direction "$direction" \
       --out "$out/profile-$op-$shape-$dtype-${direction/+/-}.json" 2>&1 | grep -v "^USDT" | tee -a "$out/profile.txt"
   done
+elif [ "$part" = ab ]; then
+  : "${BASE_SRC:?set BASE_SRC to the src directory of the kernelgate to compare with}" "${BASE_COMMIT:?set BASE_COMMIT}"
+  for side in base tree; do
+    if [ "$side" = base ]; then src=$BASE_SRC; label=$BASE_COMMIT; else src=$PWD/src; label=$commit; fi
+    # shellcheck disable=SC2086
+    PYTHONPATH=$src${PYTHONPATH#"$PWD/src"} KERNELGATE_COMMIT=$label KERNELGATE_CACHE_DIR=$out/cache-$side \
+      TRITON_CACHE_DIR=$TRITON_CACHE_DIR-$side within_budget python3 -m kernelgate bench \
+      ${BENCH_ARGS:---suite benchmarks/long-rows.json --no-backward --no-compile --no-liger} --out "$out/$side" \
+      > "$out/$side.txt" 2>&1
+    echo "$side ($label) rc=$?"
+  done
+  python3 - "$out" <<'PY'
+import csv, sys
+rows = {side: {(r["op"], r["dtype"], r["shape"], r["direction"]): r for r in csv.DictReader(open(f"{sys.argv[1]}/{side}/bench.csv"))
+               if r["impl"] == "kernelgate" and r["status"] == "ok"} for side in ("base", "tree")}
+for key, tree in rows["tree"].items():
+    base = rows["base"].get(key)
+    print(*key, base["frac_of_copy"][:5] if base else "-", tree["frac_of_copy"][:5], tree["note"][:60])
+PY
+elif [ "$part" = variants ]; then
+  within_budget python3 benchmarks/layer_norm_variants.py --out "$out/layer-norm-variants.json" > "$out/layer-norm-variants.txt" 2>&1
+  echo "layer_norm_variants rc=$?"; cat "$out/layer-norm-variants.txt"
 else
-  echo "usage: benchmarks/run_gpu.sh tests|extras|bench|profile [OUT]" >&2; exit 2
+  echo "usage: benchmarks/run_gpu.sh tests|extras|bench|profile|ab|variants [OUT]" >&2; exit 2
 fi
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"

@@ -105,7 +105,8 @@ def _block_stats_kernel(
     normalise_row(x_row, w_ptr, b_ptr, y_row, n_cols, k, mean, rstd, HAS_WEIGHT, HAS_BIAS, BLOCK_N, EVEN_N)
 
 
-BLOCK_STATS = LazyKernel(__name__, "_block_stats_kernel")
+# By the module's importable name (not "__main__" when it runs as a script): the compile workers import it by name.
+BLOCK_STATS = LazyKernel(Path(__file__).stem, "_block_stats_kernel")
 
 
 def _variant(name: str, prefetch: bool) -> TritonImpl:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import kernelgate
-from kernelgate.launch import call_state
+from kernelgate.compile_ahead import compile_ahead
 from kernelgate.selection import run_candidate
 from kernelgate.tolerance import assert_close, assert_no_worse
 
@@ -82,17 +82,20 @@ def test_variants_keep_precision_on_hard_rows(variants_script: ModuleType, name:
         assert_close(y, b.expand(4, n))
 
 
-def test_variants_compile_for_sm90(variants_script: ModuleType, triton_cache: Path) -> None:
-    """Both variant kernels go through Triton's compiler for sm_90 (ptxas included) at bf16, as on the H200."""
+def test_variants_compile_ahead_for_sm90(variants_script: ModuleType, triton_cache: Path) -> None:
+    """Both variant kernels go through Triton's compiler for sm_90 (ptxas included) at bf16, as on the H200, in the
+    compile workers: the kernels are named by an importable module, so the script's configurations are built in
+    parallel before they are timed rather than one by one."""
     if torch.cuda.is_available():
         pytest.skip("on a GPU the script itself compiles them")
     x = torch.empty(2, 16448, dtype=torch.bfloat16)
     w = torch.empty(16448, dtype=torch.bfloat16)
-    for impl in variants_script.variants()[1:]:
-        before = set(triton_cache.rglob("*.cubin")) if triton_cache.exists() else set()
-        call_state.collect = []  # launches compile (Triton's warmup) instead of running
-        try:
-            run_candidate(impl, {"BLOCK_N": 4096, "num_warps": 8}, (x, (16448,), w, w, 1e-5), False, False)
-        finally:
-            call_state.collect = None
-        assert set(triton_cache.rglob("*.cubin")) - before, f"{impl.name}: no kernel was compiled"
+    values = (x, (16448,), w, w, 1e-5)
+    launches = [
+        lambda impl=impl, warps=warps: run_candidate(impl, {"BLOCK_N": 4096, "num_warps": warps}, values, False, False)
+        for impl in variants_script.variants()[1:]
+        for warps in (8, 16)
+    ]
+    outcome = compile_ahead(launches, workers=2)
+    assert (outcome.jobs, outcome.compiled) == (4, 4), outcome
+    assert len(list(triton_cache.rglob("*.cubin"))) == 4

@@ -1,21 +1,22 @@
-"""layer_norm's looped forward against two variants of its statistics pass, on a GPU (or interpreted on the CPU).
+"""layer_norm's looped forward against the kernel it replaced, on a GPU (or interpreted on the CPU).
 
-The looped forward is layer_norm's weakest kernel in the default suite (bfloat16 2048x32768 at 0.69 of copy at
-07749bf, where rms_norm's looped kernel reaches 0.91). Compiled for sm_90, it keeps a running mean and sum of
-squared deviations for each lane: 64 registers a thread at bfloat16, BLOCK_N 4096 and 8 warps, so four programs
-a multiprocessor and one block of each in flight. The variants keep two numbers a row instead:
+Up to 80b1374 the looped forward kept a running mean and sum of squared deviations for each lane (Welford's
+update): compiled for sm_90, 64 registers a thread at bfloat16, BLOCK_N 4096 and 8 warps, so four programs a
+multiprocessor and one block of each in flight; bfloat16 2048x32768 ran at 0.69 of copy at 07749bf, where
+rms_norm's looped kernel reached 0.91. This script measured that kernel against two variants that keep two
+numbers a row (each block's mean and squared deviations, merged by Chan's update; 40 registers), with and
+without the next block's load issued first (``benchmarks/results/h200/layer-norm-variants-80b1374``). The
+package took the variants over as one kernel with a PREFETCH switch in its configurations; the script now keeps:
 
-- ``looped``: kernelgate's kernel (``_layer_norm_fwd_looped_kernel``), Welford's update a lane.
-- ``block_stats``: each block's mean and sum of squared deviations from it (two reductions over the block),
-  merged into the row's running pair (Chan's update); 40 registers there.
-- ``block_stats_prefetch``: the same, with the next block's load issued before a block's reductions.
+- ``looped``: kernelgate's looped implementation, every configuration (PREFETCH included).
+- ``welford``: the kernel up to 80b1374 (``_welford_kernel``), at the same configurations without PREFETCH.
 
-All three end with the package's second pass (``normalise_row``). For each dtype and row length (rows chosen so
-that x is about 128 MiB), each variant runs at every configuration of the looped implementation's space that
-suits the row, compiled ahead in worker processes; each is checked against the reference (the package's
-tolerance) before it is timed (``do_bench``: L2 flushed, median). Results are fractions of a device-to-device
-copy measured in the same run (bytes: x read, y written, weight and bias read once). With ``--interpret`` the
-kernels run on the CPU through Triton's interpreter and are only checked.
+Both end with the package's second pass (``normalise_row``). For each dtype and row length (rows chosen so
+that x is about 128 MiB), each runs at every configuration that suits the row, compiled ahead in worker
+processes; each is checked against the reference (the package's tolerance) before it is timed (``do_bench``:
+L2 flushed, median). Results are fractions of a device-to-device copy measured in the same run (bytes: x read,
+y written, weight and bias read once). With ``--interpret`` the kernels run on the CPU through Triton's
+interpreter and are only checked.
 
     python benchmarks/layer_norm_variants.py --out results.json
     python benchmarks/layer_norm_variants.py --interpret --rows 3 --lengths 1500 --out check.json
@@ -55,81 +56,83 @@ EPS = 1e-5
 
 
 @triton.jit
-def _block_stats(x, mask, k, n_block):
-    """The mean of ``d = x - k`` over a block's ``n_block`` valid lanes, and the sum of its squared deviations."""
-    d = tl.where(mask, x - k, 0.0)
-    mean = tl.sum(d, axis=0) / n_block
-    return mean, tl.sum(tl.where(mask, (d - mean) * (d - mean), 0.0), axis=0)
+def _welford_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    stride_xm,
+    stride_ym,
+    n_cols,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
+):
+    """kernelgate's looped forward up to 80b1374; the arguments and grid of ``_layer_norm_fwd_looped_kernel``.
 
-
-@triton.jit
-def _block_stats_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-):  # fmt: skip
-    """layer_norm of a row longer than one block, two numbers a row in the statistics pass; the arguments and grid
-    of ``_layer_norm_fwd_looped_kernel``.
-
-    The statistics are of ``d = x - k``, ``k`` the mean of the first block: each block's mean and squared
-    deviations, merged into the row's running pair by Chan's update. PREFETCH: each block's load is issued
-    before the previous block's reductions (the last block's "next" load is clamped to the row's last block).
+    The first pass streams the row once, keeping per lane a running mean and sum of squared deviations of
+    ``x - k`` (Welford's update, no reduction inside the loop), combined across lanes at the end; the second is
+    the package's ``normalise_row``.
     """
     row = tl.program_id(0)
-    x_row, y_row = x_ptr + row * stride_xm, y_ptr + row * stride_ym
+    x_row = x_ptr + row * stride_xm
     lanes = tl.arange(0, BLOCK_N)
+    # The lanes hold statistics of x - k, k the mean of the first block: values near zero, whose
+    # means keep their low bits (those of x itself would round to the units of x's offset).
     mask = lanes < n_cols
     x = load_tile(x_row + lanes, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
-    count = tl.minimum(n_cols, BLOCK_N).to(tl.float32)
-    k = tl.sum(x, axis=0) / count
-    mean, m2 = _block_stats(x, mask, k, count)
-    last_start = (n_cols - 1) // BLOCK_N * BLOCK_N
-    ahead = tl.minimum(BLOCK_N, last_start) + lanes
-    x_ahead = load_tile(x_row + ahead, ahead < n_cols, 0.0, EVEN_N, "evict_last")
+    k = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
+    mean = tl.where(mask, x - k, 0.0)
+    m2 = tl.zeros([BLOCK_N], tl.float32)
     for start in range(BLOCK_N, n_cols, BLOCK_N):
         cols = start + lanes
         mask = cols < n_cols
-        if PREFETCH:
-            x = x_ahead.to(tl.float32)
-            ahead = tl.minimum(start + BLOCK_N, last_start) + lanes
-            x_ahead = load_tile(x_row + ahead, ahead < n_cols, 0.0, EVEN_N, "evict_last")
-        else:
-            x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
-        n_block = tl.minimum(n_cols - start, BLOCK_N).to(tl.float32)
-        block_mean, block_m2 = _block_stats(x, mask, k, n_block)
-        total = count + n_block
-        delta = block_mean - mean
-        mean += delta * (n_block / total)
-        m2 += block_m2 + delta * delta * (count * n_block / total)
-        count = total
-    rstd = tl.rsqrt(m2 / n_cols + eps)
-    normalise_row(x_row, w_ptr, b_ptr, y_row, n_cols, k, mean, rstd, HAS_WEIGHT, HAS_BIAS, BLOCK_N, EVEN_N)
+        x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
+        # Every lane in range has now seen start // BLOCK_N + 1 elements; lanes out of range keep theirs.
+        delta = tl.where(mask, (x - k) - mean, 0.0)
+        mean += delta * (1.0 / (start // BLOCK_N + 1))
+        m2 += delta * ((x - k) - mean)
+    # How many elements of the row each lane saw.
+    count = tl.where(lanes < n_cols, (n_cols - lanes + BLOCK_N - 1) // BLOCK_N, 0).to(tl.float32)
+    m0 = tl.sum(count * mean, axis=0) / n_cols
+    dev = tl.where(count > 0, mean - m0, 0.0)
+    shift = tl.sum(count * dev, axis=0) / n_cols
+    var = (tl.sum(m2, axis=0) + tl.sum(count * dev * dev, axis=0)) / n_cols - shift * shift
+    rstd = tl.rsqrt(tl.maximum(var, 0.0) + eps)
+    centre = m0 + shift  # mean(x) - k
+    y_row = y_ptr + row * stride_ym
+    normalise_row(x_row, w_ptr, b_ptr, y_row, n_cols, k, centre, rstd, HAS_WEIGHT, HAS_BIAS, BLOCK_N, EVEN_N)
 
 
 # By the module's importable name (not "__main__" when it runs as a script): the compile workers import it by name.
-BLOCK_STATS = LazyKernel(Path(__file__).stem, "_block_stats_kernel")
+WELFORD = LazyKernel(Path(__file__).stem, "_welford_kernel")
 
 
-def _variant(name: str, prefetch: bool) -> TritonImpl:
-    """The looped implementation with ``_block_stats_kernel`` in place of the package's kernel."""
-    looped = next(i for i in kernelgate.layer_norm.implementations if i.name == "looped")
+def _package_looped() -> TritonImpl:
+    return next(i for i in kernelgate.layer_norm.implementations if i.name == "looped")
+
+
+def _welford_variant() -> TritonImpl:
+    """The looped implementation with ``_welford_kernel`` in place of the package's kernel, at the same
+    configurations less PREFETCH (which that kernel lacks)."""
+    looped = _package_looped()
 
     def launch(
         x: torch.Tensor, shape: Sequence[int], weight: Any = None, bias: Any = None, eps: float = EPS, *, config: Any
     ) -> torch.Tensor:
-        run = layer_norm_module._run_forward
-        return run(x, shape, weight, bias, eps, BLOCK_STATS, config["BLOCK_N"], config, PREFETCH=prefetch)
+        return layer_norm_module._run_forward(x, shape, weight, bias, eps, WELFORD, config["BLOCK_N"], config)
 
-    return dataclasses.replace(looped, name=name, launcher=launch, kernels=(BLOCK_STATS,))
+    def prune(config: Any, *args: Any) -> bool:
+        return not config["PREFETCH"] and looped.prune(config, *args)
+
+    return dataclasses.replace(looped, name="welford", launcher=launch, kernels=(WELFORD,), prune=prune)
 
 
 def variants() -> list[TritonImpl]:
-    """The package's looped implementation, then the two variants."""
-    looped = next(i for i in kernelgate.layer_norm.implementations if i.name == "looped")
-    return [
-        looped,
-        _variant("block_stats", prefetch=False),
-        _variant("block_stats_prefetch", prefetch=True),
-    ]
+    """The package's looped implementation, then the kernel it replaced."""
+    return [_package_looped(), _welford_variant()]
 
 
 def _copy_gbps(device: torch.device) -> float:

@@ -75,6 +75,30 @@ def test_implementations_for_long_rows_compile_for_sm90(triton_cache: Path) -> N
     assert persistent_looped <= compiled, compiled
 
 
+# (op, implementation, a configuration with a compile-time switch on that the untuned configuration leaves off)
+SWITCHED = [("layer_norm", "looped", {"BLOCK_N": 4096, "num_warps": 8, "PREFETCH": 1})]
+
+
+@pytest.mark.parametrize(("op_name", "impl_name", "config"), SWITCHED, ids=[f"{s[0]}-{s[1]}" for s in SWITCHED])
+def test_switched_configurations_compile_for_sm90(
+    triton_cache: Path, op_name: str, impl_name: str, config: dict[str, int]
+) -> None:
+    """A configuration of the tuned space whose switch the tests above leave off compiles too, at a row of 16448
+    elements in bf16 (a ragged last block)."""
+    op = next(op for op in BUILTIN_OPS if op.name == op_name)
+    impl = next(i for i in op.implementations if i.name == impl_name)
+    assert op.make_inputs is not None
+    values = op.make_inputs((2, 16448), torch.bfloat16, torch.device("cpu"))
+    assert impl.configs is not None and impl.configs.validate(config) is not None, "not a member of the space"
+    before = _cubins(triton_cache)
+    call_state.collect = []
+    try:
+        run_candidate(impl, config, values, interpret=False, poison=False)
+    finally:
+        call_state.collect = None
+    assert _cubins(triton_cache) - before, f"{op_name} {impl_name} {config}: no kernel was compiled"
+
+
 # (op, implementation, its configuration but for NUM_STAGES, the kernel whose loop takes the stages)
 STAGED = [
     ("softmax", "persistent", {"num_warps": 8, "PER_SM": 1}, "_softmax_fwd_persistent_kernel"),

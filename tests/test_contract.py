@@ -25,6 +25,7 @@ from kernelgate import (
     TritonImpl,
 )
 from kernelgate import op as op_module
+from kernelgate.config import ConfigSpace
 
 
 @pytest.fixture(autouse=True)
@@ -575,3 +576,18 @@ def test_choice_and_shape_in_operator_schemas() -> None:
 
     specs = (TensorArg("x"), ShapeArg("normalized_shape", of="x"), ChoiceArg("reduction", ("none",)))
     assert schema("t", specs, "Tensor", ()) == "(Tensor x, SymInt[] normalized_shape, str reduction) -> Tensor"
+
+
+@pytest.mark.parametrize("values", [(), (4, -1), (2.0,), (True, False), [4, 8]])
+def test_config_space_rejects_bad_values(values: Any) -> None:
+    """A ConfigSpace parameter takes a non-empty tuple of non-negative ints; anything else is a DeclarationError."""
+    with pytest.raises(DeclarationError, match=rf"^ConfigSpace: BLOCK .*; got {re.escape(repr(values))}\.$"):
+        ConfigSpace(BLOCK=values)
+
+
+def test_config_space_takes_a_switch() -> None:
+    """0 and 1 make a compile-time switch (a constexpr flag): both are members, 2 is not."""
+    space = ConfigSpace(BLOCK=(16,), PREFETCH=(0, 1))
+    assert [dict(c) for c in space] == [{"BLOCK": 16, "PREFETCH": 0}, {"BLOCK": 16, "PREFETCH": 1}]
+    assert space.validate({"BLOCK": 16, "PREFETCH": 0}) == {"BLOCK": 16, "PREFETCH": 0}
+    assert space.validate({"BLOCK": 16, "PREFETCH": 2}) is None

@@ -15,7 +15,7 @@ import kernelgate
 from kernelgate.config import Config
 from kernelgate.errors import InputTypeError, InputValueError
 from kernelgate.op import Op, TritonImpl
-from kernelgate.ops.layer_norm import layer_norm, layer_norm_backward
+from kernelgate.ops.layer_norm import PREFETCH_MIN_BLOCK, layer_norm, layer_norm_backward
 from kernelgate.rowwise import MAX_SINGLE_BLOCK_FORWARD
 from kernelgate.selection import compare, run_candidate
 from kernelgate.tolerance import assert_close, assert_no_worse
@@ -30,6 +30,8 @@ AFFINE = ["weight-bias", "weight", "bias", "none"]
 LONG = (2, MAX_SINGLE_BLOCK_FORWARD + 65)  # beyond any single block: the looped kernels, forward and backward
 # The looped kernels at a block far shorter than the row: many blocks and a ragged last one, cheaply.
 SMALL_BLOCK: Config = {"BLOCK_N": 64, "num_warps": 2}
+# The looped forward with each block's load issued a block ahead (the backward ignores PREFETCH).
+SMALL_BLOCK_PREFETCH: Config = {**SMALL_BLOCK, "PREFETCH": 1}
 
 
 def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
@@ -146,11 +148,13 @@ def test_long_rows_forward(target: torch.device, dtype: torch.dtype, affine: str
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("affine", AFFINE)
-def test_looped_forward_with_many_blocks(target: torch.device, dtype: torch.dtype, affine: str) -> None:
-    """The looped kernel at a block far shorter than the row (ragged last block) matches F.layer_norm."""
+@pytest.mark.parametrize("config", [SMALL_BLOCK, SMALL_BLOCK_PREFETCH], ids=["", "prefetch"])
+def test_looped_forward_with_many_blocks(target: torch.device, dtype: torch.dtype, affine: str, config: Config) -> None:
+    """The looped kernel at a block far shorter than the row (ragged last block) matches F.layer_norm, with and
+    without PREFETCH."""
     x = _randn((3, 300), dtype, target)
     w, b = _affine(affine, (300,), dtype, target)
-    y = _run(layer_norm, "looped", SMALL_BLOCK, x, (300,), w, b, EPS)
+    y = _run(layer_norm, "looped", config, x, (300,), w, b, EPS)
     assert_close(y, _expected(x, (300,), w, b), reduction_length=300)
 
 
@@ -196,18 +200,23 @@ def test_non_contiguous_inputs(target: torch.device, make_view: Any, normalized_
     assert torch.equal(base, before)
 
 
-@pytest.mark.parametrize("name", ["single_block", "looped"])
-def test_constant_rows(target: torch.device, name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [("single_block", {"ROWS": 2, "num_warps": 4}), ("looped", SMALL_BLOCK), ("looped", SMALL_BLOCK_PREFETCH)],
+)
+def test_constant_rows(target: torch.device, name: str, config: Config) -> None:
     """Rows of zero variance normalise to zero (the output is the bias), as in F.layer_norm."""
     x = torch.tensor([3.7, 0.0, -1e4, 1e-3], device=target)[:, None].expand(4, 300).contiguous()
     w, b = _affine("weight-bias", (300,), torch.float32, target)
-    config = SMALL_BLOCK if name == "looped" else {"ROWS": 2, "num_warps": 4}
     y = _run(layer_norm, name, config, x, (300,), w, b, EPS)
     assert_close(y, _expected(x, (300,), w, b), reduction_length=300)
     assert_close(y, b.expand(4, 300))
 
 
-@pytest.mark.parametrize(("name", "n", "config"), [("single_block", 300, None), ("looped", 300, SMALL_BLOCK)])
+@pytest.mark.parametrize(
+    ("name", "n", "config"),
+    [("single_block", 300, None), ("looped", 300, SMALL_BLOCK), ("looped", 300, SMALL_BLOCK_PREFETCH)],
+)
 def test_large_offsets_do_not_cancel(target: torch.device, name: str, n: int, config: Config | None) -> None:
     """float32 rows of 1e4 + noise: the result and gradients are no further from float64 than plain PyTorch's."""
     x = 1e4 + _randn((3, n), torch.float32, target) / 3
@@ -231,7 +240,9 @@ def test_long_rows_with_a_large_offset(target: torch.device) -> None:
     _check_grads(x, LONG[-1:], w, b)
 
 
-@pytest.mark.parametrize(("name", "config"), [("single_block", None), ("looped", SMALL_BLOCK)])
+@pytest.mark.parametrize(
+    ("name", "config"), [("single_block", None), ("looped", SMALL_BLOCK), ("looped", SMALL_BLOCK_PREFETCH)]
+)
 def test_nan_propagates(target: torch.device, name: str, config: Config | None) -> None:
     """A NaN makes its own row NaN, in the forward and in dx, and leaves the other rows alone, as in torch."""
     x = _randn((3, 200), torch.float32, target)
@@ -483,3 +494,17 @@ def test_autograd_on_the_gpu(dtype: torch.dtype) -> None:
     w, b = _affine("weight-bias", (32768,), dtype, torch.device("cuda"))
     with kernelgate.use_mode("triton"):
         _check_grads(x, (32768,), w, b)
+
+
+def test_looped_forward_tunes_prefetch_at_long_blocks() -> None:
+    """At a long row the tuner tries the looped forward with and without PREFETCH, PREFETCH only at blocks of
+    PREFETCH_MIN_BLOCK or more; the backward's configurations have no PREFETCH."""
+    n = 65536
+    x = torch.empty(4, n)
+    configs = _impl(layer_norm, "looped").candidate_configs((x, (n,), None, None, EPS))
+    with_prefetch = {(c["BLOCK_N"], c["num_warps"]) for c in configs if c["PREFETCH"]}
+    without = {(c["BLOCK_N"], c["num_warps"]) for c in configs if not c["PREFETCH"]}
+    assert with_prefetch == {(b, w) for b, w in without if b >= PREFETCH_MIN_BLOCK} != set()
+    assert min(b for b, _ in without) < PREFETCH_MIN_BLOCK
+    backward = _impl(layer_norm_backward, "looped").candidate_configs((x, x, (n,), None, None, EPS))
+    assert backward and all("PREFETCH" not in c for c in backward)

@@ -42,8 +42,9 @@ class ConfigSpace:
         for name, values in params.items():
             if not isinstance(values, tuple) or not values:
                 raise DeclarationError(f"ConfigSpace: {name} must be a non-empty tuple of ints; got {values!r}.")
-            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
-                raise DeclarationError(f"ConfigSpace: {name} must hold positive ints; got {values!r}.")
+            # 0 is a switch's "off" (a constexpr flag such as PREFETCH); sizes and counts are positive.
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+                raise DeclarationError(f"ConfigSpace: {name} must hold non-negative ints; got {values!r}.")
         self.params: Mapping[str, tuple[int, ...]] = MappingProxyType(dict(sorted(params.items())))
 
     def __iter__(self) -> Iterator[Config]:

@@ -28,14 +28,19 @@ LAYER_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_
 LAYER_NORM_BWD = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_kernel")
 LAYER_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_looped_kernel")
 
-# The looped kernels keep several running sums per lane (two in the forward, four in the
-# backward), and the single-block backward holds x, dy, w and the dw and db sums: fewer elements
+# The looped backward keeps four running sums per lane, the looped forward a block of x and (with
+# PREFETCH) the next, and the single-block backward holds x, dy, w and the dw and db sums: fewer elements
 # per thread than rowwise.MAX_PER_THREAD keep them in registers.
 FWD_LOOPED_PER_THREAD = 32
 BWD_PER_THREAD = 16
 # 32 warps let one program of a few long rows keep enough loads in flight.
 LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16, 32))
-FWD_LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8}
+# The looped forward may issue each block's load a block ahead (PREFETCH): faster at rows of 32768 and more, slower
+# at some shorter ones (benchmarks/results/h200/layer-norm-variants-80b1374), so the tuner picks. Blocks of 4096
+# and 8192 were the fastest at every row length measured there, so only they try it.
+FWD_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16, 32), PREFETCH=(0, 1))
+PREFETCH_MIN_BLOCK = 4096
+FWD_LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8, "PREFETCH": 0}
 BWD_LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 16}
 # Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
 # sums of dweight and dbias (programs x row length, float32) stay small against the data. The
@@ -124,7 +129,8 @@ def _launch_looped(
     *,
     config: Config,
 ) -> torch.Tensor:
-    return _run_forward(x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD_LOOPED, config["BLOCK_N"], config)
+    block, prefetch = config["BLOCK_N"], bool(config.get("PREFETCH", 0))
+    return _run_forward(x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD_LOOPED, block, config, PREFETCH=prefetch)
 
 
 def _run_backward(
@@ -198,14 +204,19 @@ def _fits(block: int, num_warps: int, per_thread: int) -> bool:
     return rowwise.per_thread_ok(block, num_warps) and block // (32 * num_warps) <= per_thread
 
 
-def _looped_impl(launcher: Any, kernel: LazyKernel, n_cols: Any, default: Config, per_thread: int) -> TritonImpl:
-    """A looped implementation: any row length, blocks no longer than the row, ``per_thread`` elements at most."""
+def _looped_impl(
+    launcher: Any, kernel: LazyKernel, n_cols: Any, configs: ConfigSpace, default: Config, per_thread: int
+) -> TritonImpl:
+    """A looped implementation: any row length, blocks no longer than the row, ``per_thread`` elements at most, and
+    a PREFETCH (where ``configs`` has it) only with blocks of PREFETCH_MIN_BLOCK or more."""
 
     def prune(config: Config, *args: Any) -> bool:
         block = config["BLOCK_N"]
+        if config.get("PREFETCH") and block < PREFETCH_MIN_BLOCK:
+            return False
         return block <= rowwise.single_block(n_cols(*args)) and _fits(block, config["num_warps"], per_thread)
 
-    return TritonImpl("looped", launcher, (kernel,), configs=LOOPED_CONFIGS, default_config=default, prune=prune)
+    return TritonImpl("looped", launcher, (kernel,), configs=configs, default_config=default, prune=prune)
 
 
 def _bwd_single_block_impl(n_cols: Any, n_rows: Any) -> TritonImpl:
@@ -284,7 +295,14 @@ layer_norm_backward = Op(
     ),
     implementations=(
         _bwd_single_block_impl(_bwd_n_cols, _bwd_n_rows),
-        _looped_impl(_launch_backward_looped, LAYER_NORM_BWD_LOOPED, _bwd_n_cols, BWD_LOOPED_DEFAULT, BWD_PER_THREAD),
+        _looped_impl(
+            _launch_backward_looped,
+            LAYER_NORM_BWD_LOOPED,
+            _bwd_n_cols,
+            LOOPED_CONFIGS,
+            BWD_LOOPED_DEFAULT,
+            BWD_PER_THREAD,
+        ),
     ),
     bucket=lambda grad, x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),
     # dx reduces over a row, dweight and dbias over all rows.
@@ -318,7 +336,14 @@ layer_norm = Op(
         rowwise.single_block_impl(
             _launch_single_block, LAYER_NORM_FWD, _fwd_n_cols, _fwd_n_rows, max_block=rowwise.MAX_SINGLE_BLOCK_FORWARD
         ),
-        _looped_impl(_launch_looped, LAYER_NORM_FWD_LOOPED, _fwd_n_cols, FWD_LOOPED_DEFAULT, FWD_LOOPED_PER_THREAD),
+        _looped_impl(
+            _launch_looped,
+            LAYER_NORM_FWD_LOOPED,
+            _fwd_n_cols,
+            FWD_LOOPED_CONFIGS,
+            FWD_LOOPED_DEFAULT,
+            FWD_LOOPED_PER_THREAD,
+        ),
     ),
     bucket=lambda x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),
     reduction_length=lambda x, normalized_shape, weight, bias, eps: _n_cols(normalized_shape),

@@ -7,9 +7,10 @@ arithmetic is in float32, and no statistic suffers cancellation however large a 
 zero. The single-block kernels hold the row in registers: an estimate ``m0`` of the mean, then the
 deviations ``d = x - m0`` (exact for x near m0), their mean ``shift`` and mean square; ``x - mean``
 is formed as ``d - shift``, never through a rounded mean. The looped kernels subtract ``k``, the
-mean of the row's first block, and keep per lane a running mean and sum of squared deviations of
-``x - k`` (Welford's update, no reduction inside the loop), combined across lanes at the end in the
-same two steps."""
+mean of the row's first block: the forward merges each block's mean and squared deviations of
+``x - k`` into the row's (Chan's update); the backward keeps per lane running means and
+co-moments (Welford's update, no reduction inside the loop), combined across lanes at the end in
+the same two steps."""
 
 from __future__ import annotations
 
@@ -62,6 +63,14 @@ def _layer_norm_fwd_kernel(
 
 
 @triton.jit
+def _block_stats(x, mask, k, n_block):
+    """The mean of ``d = x - k`` over a block's ``n_block`` valid lanes, and the sum of its squared deviations."""
+    d = tl.where(mask, x - k, 0.0)
+    mean = tl.sum(d, axis=0) / n_block
+    return mean, tl.sum(tl.where(mask, (d - mean) * (d - mean), 0.0), axis=0)
+
+
+@triton.jit
 def _layer_norm_fwd_looped_kernel(
     x_ptr,
     w_ptr,
@@ -75,42 +84,52 @@ def _layer_norm_fwd_looped_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     EVEN_N: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):
     """layer_norm of a row longer than one block: a statistics pass, then a normalising pass.
 
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr, b_ptr: (n_cols,). Grid: (n_rows,). The first pass
-    streams the row once, keeping per lane a running mean and sum of squared deviations (no
-    reduction inside the loop), and asks L2 to keep x; the second is :func:`normalise_row`. EVEN_N:
-    n_cols is a multiple of BLOCK_N, so the loads and stores need no masks.
+    streams the row once and asks L2 to keep x; the second is :func:`normalise_row`. EVEN_N:
+    n_cols is a multiple of BLOCK_N, so the loads and stores need no masks. PREFETCH: each
+    block's load is issued before the previous block's reductions (the load after the last block
+    reads the last block again).
+
+    The statistics are of ``d = x - k``, ``k`` the mean of the first block (values near zero, whose
+    means keep their low bits): each block's mean and sum of squared deviations from it, merged
+    into the row's running pair (Chan's update). Two numbers a row, not two a lane, leave registers
+    for more programs a multiprocessor.
     """
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
     lanes = tl.arange(0, BLOCK_N)
-    # The lanes hold statistics of x - k, k the mean of the first block: values near zero, whose
-    # means keep their low bits (those of x itself would round to the units of x's offset).
     mask = lanes < n_cols
     x = load_tile(x_row + lanes, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
-    k = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
-    mean = tl.where(mask, x - k, 0.0)
-    m2 = tl.zeros([BLOCK_N], tl.float32)
+    count = tl.minimum(n_cols, BLOCK_N).to(tl.float32)
+    k = tl.sum(x, axis=0) / count
+    mean, m2 = _block_stats(x, mask, k, count)
+    if PREFETCH:
+        last_start = (n_cols - 1) // BLOCK_N * BLOCK_N
+        ahead = tl.minimum(BLOCK_N, last_start) + lanes
+        x_ahead = load_tile(x_row + ahead, ahead < n_cols, 0.0, EVEN_N, "evict_last")
     for start in range(BLOCK_N, n_cols, BLOCK_N):
         cols = start + lanes
         mask = cols < n_cols
-        x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
-        # Every lane in range has now seen start // BLOCK_N + 1 elements; lanes out of range keep theirs.
-        delta = tl.where(mask, (x - k) - mean, 0.0)
-        mean += delta * (1.0 / (start // BLOCK_N + 1))
-        m2 += delta * ((x - k) - mean)
-    # How many elements of the row each lane saw.
-    count = tl.where(lanes < n_cols, (n_cols - lanes + BLOCK_N - 1) // BLOCK_N, 0).to(tl.float32)
-    m0 = tl.sum(count * mean, axis=0) / n_cols
-    dev = tl.where(count > 0, mean - m0, 0.0)
-    shift = tl.sum(count * dev, axis=0) / n_cols
-    var = (tl.sum(m2, axis=0) + tl.sum(count * dev * dev, axis=0)) / n_cols - shift * shift
-    rstd = tl.rsqrt(tl.maximum(var, 0.0) + eps)
-    centre = m0 + shift  # mean(x) - k
+        if PREFETCH:
+            x = x_ahead.to(tl.float32)
+            ahead = tl.minimum(start + BLOCK_N, last_start) + lanes
+            x_ahead = load_tile(x_row + ahead, ahead < n_cols, 0.0, EVEN_N, "evict_last")
+        else:
+            x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
+        n_block = tl.minimum(n_cols - start, BLOCK_N).to(tl.float32)
+        block_mean, block_m2 = _block_stats(x, mask, k, n_block)
+        total = count + n_block
+        delta = block_mean - mean
+        mean += delta * (n_block / total)
+        m2 += block_m2 + delta * delta * (count * n_block / total)
+        count = total
+    rstd = tl.rsqrt(m2 / n_cols + eps)
     y_row = y_ptr + row * stride_ym
-    normalise_row(x_row, w_ptr, b_ptr, y_row, n_cols, k, centre, rstd, HAS_WEIGHT, HAS_BIAS, BLOCK_N, EVEN_N)
+    normalise_row(x_row, w_ptr, b_ptr, y_row, n_cols, k, mean, rstd, HAS_WEIGHT, HAS_BIAS, BLOCK_N, EVEN_N)
 
 
 @triton.jit

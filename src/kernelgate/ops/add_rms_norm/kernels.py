@@ -85,20 +85,23 @@ def _add_rms_norm_fwd_looped_kernel(
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
-        r = load_tile(r_ptr + row * stride_rm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        # x and r are read once: their lines may leave L2 first. s is read back by the second pass: it stays.
+        x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "evict_first").to(tl.float32)
+        r = load_tile(r_ptr + row * stride_rm + cols, mask, 0.0, EVEN_N, "evict_first").to(tl.float32)
         s = (x + r).to(s_ptr.dtype.element_ty)
-        store_tile(s_row + cols, s, mask, EVEN_N, "")
+        store_tile(s_row + cols, s, mask, EVEN_N, "evict_last")
         s = s.to(tl.float32)
         acc += s * s
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
     # The second pass reads s as other threads of this program stored it.
     tl.debug_barrier()
     y_row = y_ptr + row * stride_ym
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+    # In reverse: the blocks of s stored last, the likeliest still in L2, are read first.
+    n_blocks = tl.cdiv(n_cols, BLOCK_N)
+    for i in range(0, n_blocks):
+        cols = (n_blocks - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = cols < n_cols
-        y = load_tile(s_row + cols, mask, 0.0, EVEN_N, "").to(tl.float32) * rstd
+        y = load_tile(s_row + cols, mask, 0.0, EVEN_N, "evict_first").to(tl.float32) * rstd
         if HAS_WEIGHT:
-            y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
         store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")

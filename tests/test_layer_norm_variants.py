@@ -85,20 +85,20 @@ def test_variants_keep_precision_on_hard_rows(variants_script: ModuleType, name:
 
 
 def test_variants_compile_ahead_for_sm90(variants_script: ModuleType, triton_cache: Path) -> None:
-    """The script's kernel and the package's (with PREFETCH) go through Triton's compiler for sm_90 (ptxas
-    included) at bf16, as on the H200, in the compile workers: the script's kernel is named by an importable
-    module, so its configurations are built in parallel before they are timed rather than one by one."""
+    """The script's kernel goes through Triton's compiler for sm_90 (ptxas included) at bf16, as on the H200, in
+    the compile workers: it is named by an importable module, so its configurations are built in parallel before
+    they are timed rather than one by one. (The package's kernel with PREFETCH: test_compiles_for_hopper; a
+    kernel this process compiled already is no job here.)"""
     if torch.cuda.is_available():
         pytest.skip("on a GPU the script itself compiles them")
     x = torch.empty(2, 16448, dtype=torch.bfloat16)
     w = torch.empty(16448, dtype=torch.bfloat16)
     values = (x, (16448,), w, w, 1e-5)
-    looped, welford = variants_script.variants()
+    _, welford = variants_script.variants()
     launches = [
-        lambda impl=impl, config=config: run_candidate(impl, config, values, False, False)
-        for impl, prefetch in ((looped, 1), (welford, 0))
-        for config in ({"BLOCK_N": 4096, "num_warps": warps, "PREFETCH": prefetch} for warps in (8, 16))
+        lambda config=config: run_candidate(welford, config, values, False, False)
+        for config in ({"BLOCK_N": 4096, "num_warps": warps, "PREFETCH": 0} for warps in (8, 16))
     ]
     outcome = compile_ahead(launches, workers=2)
-    assert (outcome.jobs, outcome.compiled) == (4, 4), outcome
+    assert (outcome.jobs, outcome.compiled) == (2, 2), outcome
     assert len(list(triton_cache.rglob("*.cubin"))) == 4

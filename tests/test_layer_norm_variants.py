@@ -101,4 +101,4 @@ def test_variants_compile_ahead_for_sm90(variants_script: ModuleType, triton_cac
     ]
     outcome = compile_ahead(launches, workers=2)
     assert (outcome.jobs, outcome.compiled) == (2, 2), outcome
-    assert len(list(triton_cache.rglob("*.cubin"))) == 4
+    assert len(list(triton_cache.rglob("_welford_kernel.cubin"))) == 2

@@ -237,6 +237,36 @@ def test_the_hold_keeps_the_hosts_lateness_out_of_the_device_time() -> None:
     assert held_us < 50, held_us
 
 
+def test_the_hold_grows_with_the_calls_issue_time() -> None:
+    """The hold is the least asked for, or HOLD_PER_ISSUE times the call's host issue time where longer, capped at
+    MAX_HOLD_US (a call that waits for the device is not helped by holding it)."""
+    per_issue = bench_runner.HOLD_PER_ISSUE
+    assert bench_runner._hold_us(100.0, 20.0) == 100.0
+    assert bench_runner._hold_us(100.0, 400.0) == per_issue * 400.0 > 100.0
+    assert bench_runner._hold_us(100.0, 1e6) == bench_runner.MAX_HOLD_US
+    assert bench_runner._hold_us(2 * bench_runner.MAX_HOLD_US, 1e6) == 2 * bench_runner.MAX_HOLD_US
+
+
+@pytest.mark.gpu
+def test_the_default_hold_covers_a_late_call() -> None:
+    """At the default hold (100 us) a call that keeps the host busy 300 us before its launch is timed as its kernel
+    alone: the hold grows to cover the call's issue time."""
+    x = torch.zeros(1024, device="cuda")
+
+    def late() -> None:
+        until = time.perf_counter() + 300e-6
+        while time.perf_counter() < until:
+            pass
+        x.add_(1)
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    timing = bench_runner._Timing(
+        warmup_ms=2, rep_ms=10, hold_us=bench_runner.DEFAULT_HOLD_US, cpu_repeats=1, repeats=1, host_calls=10,
+        latency_bytes=1,
+    )  # fmt: skip
+    assert bench_runner._time_us(late, device, timing) < 50
+
+
 def test_spec_of_an_unregistered_op_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     """A spec whose op is not registered is not run by default, and naming it says how to make it available."""
     waiting = dataclasses.replace(bench.spec_for("softmax"), op="not_registered_yet")
@@ -875,6 +905,17 @@ def test_forward_backward_misses_name_the_path_the_steps_took(
     assert slower.endswith(
         "here each step starts after an L2 flush and 100 us of the GPU held, past which the host's time counts, "
         "and the Function's longer host time adds to the device's"
+    ), slower
+    # Timed with a hold that grows with the step's issue time, the clause says that too.
+    timer = (
+        "device-time median as do_bench (L2 flushed, then the GPU held 100 us, or 1.5 times the call's host issue "
+        "time where longer, so the host has issued the call before its start event)"
+    )
+    held = [dataclasses.replace(r, timer=timer) for r in (steady_eager, steady_kept, kernels)]
+    (slower,) = [t for t in bench.misses(held) if "slower than eager" in t]
+    assert slower.endswith(
+        "here each step starts after an L2 flush and 100 us or 1.5 times its issue of the GPU held, past which the "
+        "host's time counts, and the Function's longer host time adds to the device's"
     ), slower
     slow_steady = dataclasses.replace(kept, host_us=120.0)
     (slower,) = [t for t in bench.misses([steady_eager, slow_steady, kernels]) if "slower than eager" in t]

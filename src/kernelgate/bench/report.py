@@ -421,8 +421,9 @@ def _timed_function_cause(
     return "timed", f"{timing}: the Function's host time varies from step to step"
 
 
-# The timer's hold after each L2 flush, as kernelgate.bench.run writes it ("... then the GPU held 100 us ...").
-_HOLD = re.compile(r"GPU held ([0-9.]+) us")
+# The timer's hold after each L2 flush, as kernelgate.bench.run writes it ("... then the GPU held 100 us ..."), and
+# since the hold grew with a call's issue time, ("... 100 us, or 1.5 times the call's host issue time where ...").
+_HOLD = re.compile(r"GPU held ([0-9.]+) us(?:, or ([0-9.]+) times the call's host issue time)?")
 
 
 def _start_of_each_step(timer: str) -> str:
@@ -430,7 +431,8 @@ def _start_of_each_step(timer: str) -> str:
     held = _HOLD.search(timer)
     if held is None:
         return "on an idle GPU after an L2 flush"
-    return f"after an L2 flush and {held.group(1)} us of the GPU held, past which the host's time counts"
+    hold = f"{held.group(1)} us" if held.group(2) is None else f"{held.group(1)} us or {held.group(2)} times its issue"
+    return f"after an L2 flush and {hold} of the GPU held, past which the host's time counts"
 
 
 def _scorecard(

@@ -58,6 +58,12 @@ CPU_HOST_CALLS = 10
 # torch.compile's layer_norm float32 forward at 262144x128 from 0.67 to 0.92 of copy and softmax's at 32768x1024
 # from 0.39 to 0.95, to its kernels' own rows; rows with no host lateness moved by 0.01 or less.
 DEFAULT_HOLD_US = 100.0
+# A call whose host issue takes longer than the hold gets a longer one: this many times its issue time (the median
+# of the five calls that estimate its length), so that the host's time stays out of the device's. Forward+backward
+# steps through autograd take 250 to 600 us of host time on the H200's host; with 100 us only, the same kernels'
+# step measured 253 to 428 us from shape to shape at 7663478 (default-7663478).
+HOLD_PER_ISSUE = 1.5
+MAX_HOLD_US = 5000.0  # a call that waits for the device (a synchronise) is not helped by any hold
 SEED = 0
 # The note of a case that a run's time limit left unmeasured (``--resume`` measures these again).
 TIME_LIMIT_NOTE = "not measured: the run's time limit passed"
@@ -206,8 +212,9 @@ def _device_time_us(fn: Callable[[], object], device: torch.device, timing: _Tim
     do_bench's start event runs as soon as the flush ends. Where the host needs longer than the flush (about 65 us
     for its 256 MB on the H200) to issue the call, the GPU waits between that event and the call's first kernel,
     and the wait is counted as the call's time. The hold lets the host issue the call before its start event runs,
-    so the time is the device's alone (host cost is measured separately). The number of timed calls is chosen so
-    that a measurement still takes about ``timing.rep_ms``.
+    so the time is the device's alone (host cost is measured separately). It is ``timing.hold_us``, or
+    HOLD_PER_ISSUE times the host's median issue time of the call where that is longer (up to MAX_HOLD_US). The
+    number of timed calls is chosen so that a measurement still takes about ``timing.rep_ms``.
     """
     from triton import runtime
 
@@ -217,15 +224,19 @@ def _device_time_us(fn: Callable[[], object], device: torch.device, timing: _Tim
     synchronize(device)
     start, end = _timing_event(), _timing_event()
     start.record()
+    issue_s = []
     for _ in range(5):
         driver.clear_cache(cache)
+        began = time.perf_counter()
         fn()
+        issue_s.append(time.perf_counter() - began)
     end.record()
     synchronize(device)
     estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
+    hold_us = _hold_us(timing.hold_us, statistics.median(issue_s) * 1e6)
     warmups = max(1, int(timing.warmup_ms / estimate_ms))
-    calls = max(1, int(timing.rep_ms / (estimate_ms + timing.hold_us * 1e-3)))
-    cycles = round(timing.hold_us * _sleep_cycles_per_us(device))
+    calls = max(1, int(timing.rep_ms / (estimate_ms + hold_us * 1e-3)))
+    cycles = round(hold_us * _sleep_cycles_per_us(device))
     starts = [_timing_event() for _ in range(calls)]
     ends = [_timing_event() for _ in range(calls)]
     for _ in range(warmups):
@@ -238,6 +249,12 @@ def _device_time_us(fn: Callable[[], object], device: torch.device, timing: _Tim
         last.record()
     synchronize(device)
     return float(statistics.median(first.elapsed_time(last) for first, last in zip(starts, ends, strict=True))) * 1e3
+
+
+def _hold_us(least_us: float, issue_us: float) -> float:
+    """The GPU's hold before a timed call: ``least_us``, or HOLD_PER_ISSUE times the call's host issue time where
+    that is longer, at most MAX_HOLD_US (and never less than ``least_us``)."""
+    return max(least_us, min(HOLD_PER_ISSUE * issue_us, MAX_HOLD_US))
 
 
 @functools.cache
@@ -731,8 +748,9 @@ def run(
         liger: also measure Liger-Kernel where it is installed and has the op.
         interpret: run the Triton implementations through Triton's interpreter (CPU tensors).
         warmup_ms, rep_ms: ``do_bench``'s warm-up and measuring time per measurement (GPU).
-        hold_us: on a GPU, hold it busy this long after each L2 flush so that the host has issued the call
-            before its start event runs (the time is then the device's alone; see :func:`_device_time_us`);
+        hold_us: on a GPU, hold it busy at least this long after each L2 flush (longer for a call whose host issue
+            takes longer) so that the host has issued the call before its start event runs (the time is then the
+            device's alone; see :func:`_device_time_us`);
             default :data:`DEFAULT_HOLD_US`. 0: ``triton.testing.do_bench`` as it is, which counts the host's
             lateness past the flush.
         repeats: rounds per measurement, interleaving the implementations; the median is kept.
@@ -799,8 +817,9 @@ def run(
         timer = f"triton.testing.do_bench median (L2 flushed; warmup {warmup_ms} ms, rep {rep_ms} ms)"
         if hold_us > 0:
             timer = (
-                f"device-time median as do_bench (L2 flushed, then the GPU held {hold_us:g} us so the host has "
-                f"issued the call before its start event; warmup {warmup_ms} ms, rep {rep_ms} ms)"
+                f"device-time median as do_bench (L2 flushed, then the GPU held {hold_us:g} us, or "
+                f"{HOLD_PER_ISSUE:g} times the call's host issue time where longer, so the host has issued the call "
+                f"before its start event; warmup {warmup_ms} ms, rep {rep_ms} ms)"
             )
     else:
         timer = f"time.perf_counter median of {cpu_repeats} call(s)" + (" (Triton interpreter)" if interpret else "")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gzip
 import json
 import math
 import re
@@ -149,13 +150,14 @@ def write_csv(rows: Iterable[BenchRow], path: Path) -> Path:
 
 
 def read_csv(path: Path) -> list[BenchRow]:
-    """Read a CSV written by :func:`write_csv`.
+    """Read a CSV written by :func:`write_csv`, or one gzip-compressed (a name ending ``.gz``: the large results
+    kept in the repository).
 
     Raises:
         BenchError: the file is missing, or is not a bench CSV of this schema version.
     """
     try:
-        with path.open(newline="") as f:
+        with gzip.open(path, "rt", newline="") if path.suffix == ".gz" else path.open(newline="") as f:
             reader = csv.DictReader(f)
             header = tuple(reader.fieldnames or ())
             records = list(reader)

@@ -300,3 +300,19 @@ def test_no_tuning_or_sync_while_a_cuda_graph_is_captured(tmp_path: Path) -> Non
     assert "default-config" in log and "CUDA graph" in log and ",tune," not in log
     decisions = tmp_path / "decisions-v1.json"
     assert not decisions.exists() or json.loads(decisions.read_text())["entries"] == {}
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("op", [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward], ids=lambda op: op.name)
+def test_norm_backward_prefetch_matches_the_reference(target: torch.device, op: kernelgate.Op, rows: int) -> None:
+    """The single-block backward of rms_norm (and add_rms_norm's, which adds the gradient reaching the sum) with
+    PREFETCH on, the next tile's loads issued before this tile's reductions: 11 rows split over the programs in
+    tiles of ``rows``, the last tile of a program partial, give the reference's results."""
+    assert op.make_inputs is not None
+    values = op.make_inputs((11, 300), torch.float32, target)
+    impl = next(i for i in op.implementations if i.name == "single_block")
+    expected = op.reference(*values)
+    for prefetch in (0, 1):
+        config = {"ROWS": rows, "num_warps": 4, "PREFETCH": prefetch}
+        got = run_candidate(impl, config, values, target.type == "cpu", poison=True)
+        assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None, config

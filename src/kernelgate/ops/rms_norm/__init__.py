@@ -120,6 +120,8 @@ def run_backward(
     w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
     rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, BWD_PROGRAMS_PER_SM, config)
+    if "PREFETCH" in config:  # the single-block kernel's switch: the next tile's loads before this one's reductions
+        meta["PREFETCH"] = bool(config["PREFETCH"])
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
     # The looped kernel keeps each row's rstd and mean(g * xhat) here between its two passes.

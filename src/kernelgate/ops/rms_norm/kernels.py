@@ -145,6 +145,7 @@ def _rms_norm_bwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """Gradients of rms_norm (and of add_rms_norm, with HAS_DS) for rows that fit one block.
 
@@ -154,7 +155,8 @@ def _rms_norm_bwd_kernel(
     dx is then also the residual's gradient. dy_ptr, ds_ptr, x_ptr, dx_ptr: (n_rows, n_cols),
     ds_ptr read only with HAS_DS; w_ptr: (n_cols,); dw_ptr: (programs, n_cols) float32, one partial
     sum of dw per program (summed on the host: no atomics). Grid: (programs,); each program takes
-    rows_per_program consecutive rows, ROWS of them at a time.
+    rows_per_program consecutive rows, ROWS of them at a time. PREFETCH: the next tile's x and dy are
+    loaded before this tile's reductions (the loads after the last tile are masked off).
     """
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -165,11 +167,23 @@ def _rms_norm_bwd_kernel(
     dw = tl.zeros([ROWS, BLOCK_N], tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
+    if PREFETCH:
+        rows = first + tl.arange(0, ROWS)
+        mask = (rows < last)[:, None] & col_mask[None, :]
+        x_next = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+        dy_next = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0)
     for start in range(first, last, ROWS):
         rows = start + tl.arange(0, ROWS)
         mask = (rows < last)[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if PREFETCH:
+            x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
+            ahead = rows + ROWS
+            ahead_mask = (ahead < last)[:, None] & col_mask[None, :]
+            x_next = tl.load(x_ptr + ahead[:, None] * stride_xm + cols[None, :], mask=ahead_mask, other=0.0)
+            dy_next = tl.load(dy_ptr + ahead[:, None] * stride_dym + cols[None, :], mask=ahead_mask, other=0.0)
+        else:
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)[:, None]
         xhat = x * rstd
         g = dy * w if HAS_WEIGHT else dy

@@ -303,13 +303,18 @@ def test_no_tuning_or_sync_while_a_cuda_graph_is_captured(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4])
-@pytest.mark.parametrize("op", [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward], ids=lambda op: op.name)
+@pytest.mark.parametrize(
+    "op",
+    [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward],
+    ids=lambda op: op.name,
+)
 def test_norm_backward_prefetch_matches_the_reference(target: torch.device, op: kernelgate.Op, rows: int) -> None:
-    """The single-block backward of rms_norm (and add_rms_norm's, which adds the gradient reaching the sum) with
-    PREFETCH on, the next tile's loads issued before this tile's reductions: 11 rows split over the programs in
-    tiles of ``rows``, the last tile of a program partial, give the reference's results."""
+    """The single-block backward of rms_norm (and add_rms_norm's, which adds the gradient reaching the sum) and of
+    layer_norm with PREFETCH on, the next tile's loads issued before this tile's reductions: 11 rows split over the
+    programs in tiles of ``rows`` (100 rows: several tiles a program, and a last program with fewer rows), give the
+    reference's results."""
     assert op.make_inputs is not None
-    values = op.make_inputs((11, 300), torch.float32, target)
+    values = op.make_inputs((100, 300), torch.float32, target)
     impl = next(i for i in op.implementations if i.name == "single_block")
     expected = op.reference(*values)
     for prefetch in (0, 1):

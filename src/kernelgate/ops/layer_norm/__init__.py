@@ -152,6 +152,8 @@ def _run_backward(
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
     per_sm = BWD_LOOPED_PROGRAMS_PER_SM if looped else BWD_PROGRAMS_PER_SM
     rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, per_sm, config)
+    if "PREFETCH" in config and not looped:  # the single-block kernel's switch
+        meta["PREFETCH"] = bool(config["PREFETCH"])
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     # One buffer of partial sums: dweight's first, then dbias's.
     sums = int(w is not None) + int(bias is not None)

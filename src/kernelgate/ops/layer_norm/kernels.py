@@ -175,6 +175,7 @@ def _layer_norm_bwd_kernel(
     HAS_BIAS: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """Gradients of layer_norm for rows that fit one block; mean and rstd are recomputed, not saved.
 
@@ -183,7 +184,8 @@ def _layer_norm_bwd_kernel(
     dy_ptr, x_ptr, dx_ptr: (n_rows, n_cols); w_ptr: (n_cols,); dw_ptr, db_ptr: (programs, n_cols)
     float32, one partial sum per program (summed on the host: no atomics), written only if
     HAS_WEIGHT / HAS_BIAS. Grid: (programs,); each program takes rows_per_program consecutive rows,
-    ROWS of them at a time, each read once.
+    ROWS of them at a time, each read once. PREFETCH: the next tile's x and dy are loaded before this
+    tile's reductions (the loads after the last tile are masked off).
     """
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -195,11 +197,23 @@ def _layer_norm_bwd_kernel(
     db = tl.zeros([ROWS, BLOCK_N], tl.float32)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
+    if PREFETCH:
+        rows = first + tl.arange(0, ROWS)
+        mask = (rows < last)[:, None] & col_mask[None, :]
+        x_next = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+        dy_next = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0)
     for start in range(first, last, ROWS):
         rows = start + tl.arange(0, ROWS)
         mask = (rows < last)[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if PREFETCH:
+            x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
+            ahead = rows + ROWS
+            ahead_mask = (ahead < last)[:, None] & col_mask[None, :]
+            x_next = tl.load(x_ptr + ahead[:, None] * stride_xm + cols[None, :], mask=ahead_mask, other=0.0)
+            dy_next = tl.load(dy_ptr + ahead[:, None] * stride_dym + cols[None, :], mask=ahead_mask, other=0.0)
+        else:
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         d = tl.where(mask, x - (tl.sum(x, axis=1) / n_cols)[:, None], 0.0)
         shift = tl.sum(d, axis=1) / n_cols
         var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - shift * shift, 0.0)

@@ -13,7 +13,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,19 +215,25 @@ def test_a_negative_hold_is_refused_and_the_cli_default_is_the_modules() -> None
     assert _parser().parse_args(["bench"]).hold_us == bench_runner.DEFAULT_HOLD_US > 0
 
 
+def _late_call(seconds: float) -> Callable[[], None]:
+    """A call that keeps the host busy ``seconds`` before it launches a short kernel on the current GPU."""
+    x = torch.zeros(1024, device="cuda")
+
+    def late() -> None:
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            pass
+        x.add_(1)
+
+    return late
+
+
 @pytest.mark.gpu
 def test_the_hold_keeps_the_hosts_lateness_out_of_the_device_time() -> None:
     """A call that keeps the host busy 300 us before it launches a short kernel. do_bench's start event runs when
     its L2 flush ends, so the GPU's wait for the late launch is counted; held 1000 us after each flush, the GPU
     reaches the start event after the launch was issued, and only the kernel is counted."""
-    x = torch.zeros(1024, device="cuda")
-
-    def late() -> None:
-        until = time.perf_counter() + 300e-6
-        while time.perf_counter() < until:
-            pass
-        x.add_(1)
-
+    late = _late_call(300e-6)
     device = torch.device("cuda", torch.cuda.current_device())
     plain = bench_runner._Timing(
         warmup_ms=2, rep_ms=10, hold_us=0.0, cpu_repeats=1, repeats=1, host_calls=10, latency_bytes=1
@@ -252,14 +258,7 @@ def test_the_hold_grows_with_the_calls_issue_time() -> None:
 def test_the_default_hold_covers_a_late_call() -> None:
     """At the default hold (100 us) a call that keeps the host busy 300 us before its launch is timed as its kernel
     alone: the hold grows to cover the call's issue time."""
-    x = torch.zeros(1024, device="cuda")
-
-    def late() -> None:
-        until = time.perf_counter() + 300e-6
-        while time.perf_counter() < until:
-            pass
-        x.add_(1)
-
+    late = _late_call(300e-6)
     device = torch.device("cuda", torch.cuda.current_device())
     timing = bench_runner._Timing(
         warmup_ms=2, rep_ms=10, hold_us=bench_runner.DEFAULT_HOLD_US, cpu_repeats=1, repeats=1, host_calls=10,

@@ -1,5 +1,5 @@
 """``@triton.jit`` helpers shared by the row-wise kernels: loads and stores that drop their mask when told
-at compile time that every lane is in bounds.
+at compile time that every lane is in bounds, and the backward kernels' loads of a tile of two tensors.
 
 A kernel passes ``UNMASKED`` as a compile-time flag (``EVEN_N``: the blocks tile the row exactly, set by
 the launcher). Masked, a float32 single-block rms_norm at rows of 32768 ran at 0.84 of copy on the H200,
@@ -38,3 +38,13 @@ def store_tile(ptrs, value, mask, UNMASKED: tl.constexpr, EVICTION: tl.constexpr
         tl.store(ptrs, value, eviction_policy=EVICTION)
     else:
         tl.store(ptrs, value, mask=mask, eviction_policy=EVICTION)
+
+
+@triton.jit
+def load_row_pair(a_ptr, b_ptr, stride_a, stride_b, rows, cols, last, col_mask):
+    """A tile of two tensors' rows, ``rows`` by ``cols`` (rows from ``last`` on and columns outside ``col_mask``
+    read as 0), in their own dtype: what a backward kernel loads per step (x and dy), or a step ahead."""
+    mask = (rows < last)[:, None] & col_mask[None, :]
+    a = tl.load(a_ptr + rows[:, None] * stride_a + cols[None, :], mask=mask, other=0.0)
+    b = tl.load(b_ptr + rows[:, None] * stride_b + cols[None, :], mask=mask, other=0.0)
+    return a, b

@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.tiles import load_tile, store_tile
+from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile
 
 
 @triton.jit
@@ -168,22 +168,17 @@ def _rms_norm_bwd_kernel(
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
     if PREFETCH:
-        rows = first + tl.arange(0, ROWS)
-        mask = (rows < last)[:, None] & col_mask[None, :]
-        x_next = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
-        dy_next = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0)
+        first_rows = first + tl.arange(0, ROWS)
+        x_next, dy_next = load_row_pair(x_ptr, dy_ptr, stride_xm, stride_dym, first_rows, cols, last, col_mask)
     for start in range(first, last, ROWS):
         rows = start + tl.arange(0, ROWS)
         mask = (rows < last)[:, None] & col_mask[None, :]
         if PREFETCH:
             x, dy = x_next.to(tl.float32), dy_next.to(tl.float32)
-            ahead = rows + ROWS
-            ahead_mask = (ahead < last)[:, None] & col_mask[None, :]
-            x_next = tl.load(x_ptr + ahead[:, None] * stride_xm + cols[None, :], mask=ahead_mask, other=0.0)
-            dy_next = tl.load(dy_ptr + ahead[:, None] * stride_dym + cols[None, :], mask=ahead_mask, other=0.0)
+            x_next, dy_next = load_row_pair(x_ptr, dy_ptr, stride_xm, stride_dym, rows + ROWS, cols, last, col_mask)
         else:
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            x, dy = load_row_pair(x_ptr, dy_ptr, stride_xm, stride_dym, rows, cols, last, col_mask)
+            x, dy = x.to(tl.float32), dy.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)[:, None]
         xhat = x * rstd
         g = dy * w if HAS_WEIGHT else dy

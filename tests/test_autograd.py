@@ -512,6 +512,78 @@ def test_the_step_timing_keeps_the_fastest_round_of_each_and_reports_the_spread(
     assert "rounds: eager 100.0 to 120.0 us, the Function 90.0 to 200.0 us" in route.detail, route.detail
 
 
+def _tied_back_to_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps back to back time 100 us through eager autograd and 101 through the Function: within STEP_TIE."""
+    assert kernelgate.op.STEP_TIE == 0.03
+
+    def step_us(forward: Callable[..., object], *args: object) -> float:
+        return 100.0 if forward is kernelgate.softmax.reference else 101.0
+
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
+
+
+def test_a_tie_back_to_back_stays_eager_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU the host's time is the step's time, so a tie back to back is not timed again on a device: eager
+    autograd runs, as for any Function not faster by the step margin."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    _tied_back_to_back(monkeypatch)
+
+    def never(*args: object) -> float:
+        raise AssertionError("a CPU step has no separate device time")
+
+    monkeypatch.setattr(kernelgate.op, "device_step_us", never)
+    route = _softmax_step_route_after_timing()
+    assert route.path == "eager", route
+    assert "device's time decides" not in route.detail, route.detail
+
+
+def _softmax_step_route_on_the_gpu(x: torch.Tensor) -> kernelgate.StepRoute:
+    """softmax's step route for ``x`` (on the GPU, requiring grad) after the Function's first step and the
+    timing the next call makes."""
+    g = torch.randn_like(x)
+    torch.autograd.grad(kernelgate.softmax(x, -1), x, g)
+    kernelgate.softmax(x, -1)  # timed here
+    return kernelgate.softmax.step_route(x, -1)
+
+
+@pytest.mark.gpu
+def test_a_tie_back_to_back_goes_to_the_step_with_less_device_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps back to back within STEP_TIE of each other: the device's time per step decides, measured with the GPU
+    held while the host issues each step. softmax float32 at 8192x2048: the kernels' step reads and writes about
+    half of what eager autograd's does, so the Function is kept, with both device times in the detail."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    _tied_back_to_back(monkeypatch)
+    x = torch.randn(8192, 2048, device="cuda", requires_grad=True)
+    route = _softmax_step_route_on_the_gpu(x)
+    assert "device's time decides" in route.detail, route.detail
+    eager_device, function_device = (
+        float(part.split(" us")[0].split()[-1]) for part in route.detail.split("decides: ")[1].split(", ")
+    )
+    assert function_device * (1 - kernelgate.op.STEP_MARGIN) < eager_device, route.detail
+    assert route.path == "function", route
+
+
+@pytest.mark.gpu
+def test_a_tie_back_to_back_stays_eager_where_its_device_time_is_not_beaten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the Function's device time per step is not shorter by the step margin, a tie runs eager autograd."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    _tied_back_to_back(monkeypatch)
+    device_steps: list[str] = []
+
+    def device_us(forward: Callable[..., object], *args: object) -> float:
+        device_steps.append("eager" if forward is kernelgate.softmax.reference else "function")
+        return 100.0 if forward is kernelgate.softmax.reference else 97.0
+
+    monkeypatch.setattr(kernelgate.op, "device_step_us", device_us)
+    route = _softmax_step_route_on_the_gpu(torch.randn(64, 1024, device="cuda", requires_grad=True))
+    assert device_steps == ["eager", "function"] * kernelgate.op.STEP_DEVICE_ROUNDS
+    assert route.path == "eager", route
+    assert "eager autograd 100.0 us, the Function 97.0 us" in route.detail, route.detail
+
+
 STEP_ROUTE_OPS = [
     "softmax",
     "log_softmax",

@@ -50,7 +50,7 @@ from kernelgate.dispatch import (
 from kernelgate.errors import CacheWarning, DeclarationError, InputTypeError, TritonUnavailableError, user_stacklevel
 from kernelgate.launch import LazyKernel, Unsupported, call_state
 from kernelgate.library import Backward
-from kernelgate.selection import clone_args, device_step_us, time_autograd_step, tune
+from kernelgate.selection import clone_args, time_autograd_step, tune
 from kernelgate.settings import Mode, Settings, parse_mode, settings
 
 __all__ = ["HALF_AND_FLOAT", "Op", "StepRoute", "TritonImpl", "get_op", "registered_ops"]
@@ -711,37 +711,6 @@ class Op:
             f"{function_us:.1f} us (margin {margin:.0%}; rounds: eager {eager_us:.1f} to {max(eager_rounds):.1f} us, "
             f"the Function {function_us:.1f} to {max(function_rounds):.1f} us)"
         )
-        if eager and device.type == "cuda" and function_us <= eager_us * (1 + STEP_TIE):
-            hold_us = STEP_HOLD_FACTOR * max(eager_us, function_us)  # past the host's time to issue a step
-            eager = self._eager_step_keeps_the_tie(leaves, wanted, device, route, function_step, margin, hold_us)
-        return eager
-
-    def _eager_step_keeps_the_tie(
-        self,
-        leaves: tuple[Any, ...],
-        wanted: list[torch.Tensor],
-        device: torch.device,
-        route: _Route,
-        function_step: Callable[..., Any],
-        margin: float,
-        hold_us: float,
-    ) -> bool:
-        """Steps back to back within :data:`STEP_TIE` of each other: both bound by the host's time, which in a model
-        the device's work on other ops hides. The device's time per step decides, then: eager autograd unless the
-        Function's is shorter by ``margin``. On the H200, softmax float32 at 16384x2048 stepped back to back in
-        267.6 us through eager autograd and 270.8 through the Function, whose kernels take 163 us of device time
-        against eager's 270."""
-        eager_rounds: list[float] = []
-        function_rounds: list[float] = []
-        for _ in range(STEP_DEVICE_ROUNDS):
-            eager_rounds.append(device_step_us(self.reference, leaves, wanted, device, hold_us))
-            function_rounds.append(device_step_us(function_step, leaves, wanted, device, hold_us))
-        eager_device, function_device = min(eager_rounds), min(function_rounds)
-        eager = eager_device * (1 - margin) <= function_device
-        route.step_detail += (
-            f"; back to back within {STEP_TIE:.0%}, so the device's time decides: eager autograd {eager_device:.1f} "
-            f"us, the Function {function_device:.1f} us"
-        )
         return eager
 
     def forward_route(self, values: tuple[Any, ...]) -> _Route | None:
@@ -1032,13 +1001,6 @@ STEP_ROUTE_ROUNDS = 5
 # where that is larger). Steps through autograd vary more between timings than kernels do: in the H200's
 # default suite, Function steps timed faster than eager once were measured slower in the bench.
 STEP_MARGIN = 0.05
-# Steps back to back within this fraction of each other tie (the bench's noise allowance for "not slower than
-# eager"): both are the host's time, and the device's time per step decides (Op._eager_step_keeps_the_tie).
-STEP_TIE = 0.03
-# That timing holds the GPU this many times the slower step back to back before each step it times, so the host
-# has issued the step before its start event runs; and takes the fastest of this many interleaved rounds.
-STEP_HOLD_FACTOR = 2.0
-STEP_DEVICE_ROUNDS = 2
 
 
 @dataclasses.dataclass(frozen=True)

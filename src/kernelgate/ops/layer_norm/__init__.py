@@ -38,7 +38,7 @@ LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 
 # The looped forward may issue each block's load a block ahead (PREFETCH): faster at rows of 32768 and more, slower
 # at some shorter ones (benchmarks/results/h200/layer-norm-variants-80b1374), so the tuner picks. Blocks of 4096
 # and 8192 were the fastest at every row length measured there, so only they try it.
-FWD_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16, 32), PREFETCH=(0, 1))
+FWD_LOOPED_CONFIGS = ConfigSpace(**LOOPED_CONFIGS.params, PREFETCH=(0, 1))
 PREFETCH_MIN_BLOCK = 4096
 FWD_LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8, "PREFETCH": 0}
 BWD_LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 16}

@@ -910,7 +910,7 @@ def test_forward_backward_misses_name_the_path_the_steps_took(
         "here each step starts after an L2 flush and 100 us of the GPU held, past which the host's time counts, "
         "and the Function's longer host time adds to the device's"
     ), slower
-    # Timed with a hold that grows with the step's issue time, the clause says that too.
+    # Timed with a hold that grows past each step's issue time, the time is the device's, and the clause says so.
     timer = (
         "device-time median as do_bench (L2 flushed, then the GPU held 100 us, or 1.5 times the call's host issue "
         "time where longer, so the host has issued the call before its start event)"
@@ -918,8 +918,8 @@ def test_forward_backward_misses_name_the_path_the_steps_took(
     held = [dataclasses.replace(r, timer=timer) for r in (steady_eager, steady_kept, kernels)]
     (slower,) = [t for t in bench.misses(held) if "slower than eager" in t]
     assert slower.endswith(
-        "here each step starts after an L2 flush and 100 us or 1.5 times its issue of the GPU held, past which the "
-        "host's time counts, and the Function's longer host time adds to the device's"
+        "here each step starts after an L2 flush and the GPU held past its host issue time, so the time measured is "
+        "the device's, and the Function's step takes the longer there"
     ), slower
     slow_steady = dataclasses.replace(kept, host_us=120.0)
     (slower,) = [t for t in bench.misses([steady_eager, slow_steady, kernels]) if "slower than eager" in t]

@@ -403,8 +403,8 @@ def _timed_function_cause(
     The timing that kept the Function ran steps back to back, as a training loop does. Where the row's own steps
     issued back to back (``host_us``) are within the eager target of eager's, the clause says the choice holds in
     that regime, and that this measurement (L2 flushed before each step, the GPU then idle, or held for the timer's
-    hold) adds the host's time past that to the device's; otherwise, that the Function's host time varies from step
-    to step.
+    hold) adds the host's time past that to the device's, or, where the hold grew past each step's issue time, that
+    the time measured is the device's; otherwise, that the Function's host time varies from step to step.
     """
     if step is None or step.path != "function" or math.isnan(step.function_us):
         return "", ""
@@ -415,10 +415,20 @@ def _timed_function_cause(
     )
     steady = eager is not None and not math.isnan(ours.host_us) and not math.isnan(eager.host_us)
     if steady and eager is not None and ours.host_us <= targets.versus_eager * eager.host_us:
+        held = _HOLD.search(ours.timer)
+        if held is not None and held.group(2) is not None:  # the hold covered each step's issue
+            here = (
+                "here each step starts after an L2 flush and the GPU held past its host issue time, so the time "
+                "measured is the device's, and the Function's step takes the longer there"
+            )
+        else:
+            here = (
+                f"here each step starts {_start_of_each_step(ours.timer)}, and the Function's longer host time adds "
+                "to the device's"
+            )
         return "timed", (
             f"{timing}. With steps issued back to back, the regime that timing chose for, it took {ours.host_us:.1f} "
-            f"us against eager's {eager.host_us:.1f}: the choice holds there; here each step starts "
-            f"{_start_of_each_step(ours.timer)}, and the Function's longer host time adds to the device's"
+            f"us against eager's {eager.host_us:.1f}: the choice holds there; {here}"
         )
     return "timed", f"{timing}: the Function's host time varies from step to step"
 
@@ -429,12 +439,12 @@ _HOLD = re.compile(r"GPU held ([0-9.]+) us(?:, or ([0-9.]+) times the call's hos
 
 
 def _start_of_each_step(timer: str) -> str:
-    """How each timed step starts under ``timer``: on an idle GPU after the flush, or after the timer's hold."""
+    """How each timed step starts under a ``timer`` whose hold does not grow with the step: on an idle GPU after
+    the flush, or after the timer's fixed hold."""
     held = _HOLD.search(timer)
     if held is None:
         return "on an idle GPU after an L2 flush"
-    hold = f"{held.group(1)} us" if held.group(2) is None else f"{held.group(1)} us or {held.group(2)} times its issue"
-    return f"after an L2 flush and {hold} of the GPU held, past which the host's time counts"
+    return f"after an L2 flush and {held.group(1)} us of the GPU held, past which the host's time counts"
 
 
 def _scorecard(

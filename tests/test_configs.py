@@ -321,3 +321,18 @@ def test_norm_backward_prefetch_matches_the_reference(target: torch.device, op: 
         config = {"ROWS": rows, "num_warps": 4, "PREFETCH": prefetch}
         got = run_candidate(impl, config, values, target.type == "cpu", poison=True)
         assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None, config
+
+
+def test_norm_backward_tunes_prefetch_where_two_tiles_fit() -> None:
+    """rms_norm's, add_rms_norm's and layer_norm's single-block backward try PREFETCH on only where a thread holds
+    at most PREFETCH_MAX_PER_THREAD elements of a tile (two tiles live), and off everywhere."""
+    from kernelgate.rowwise import PREFETCH_MAX_PER_THREAD, single_block
+
+    for op in (kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward):
+        assert op.make_inputs is not None
+        values = op.make_inputs((4096, 4096), torch.bfloat16, torch.device("cpu"))
+        configs = next(i for i in op.implementations if i.name == "single_block").candidate_configs(values)
+        on = {(c["ROWS"], c["num_warps"]) for c in configs if c["PREFETCH"]}
+        off = {(c["ROWS"], c["num_warps"]) for c in configs if not c["PREFETCH"]}
+        fits = {(r, w) for r, w in off if r * single_block(4096) // (32 * w) <= PREFETCH_MAX_PER_THREAD}
+        assert on == fits != set(), (op.name, on, off)

@@ -84,6 +84,10 @@ DEFAULT_ROW_TILE = 2048
 
 SINGLE_BLOCK_CONFIGS = ConfigSpace(num_warps=(1, 2, 4, 8, 16, 32))
 ROW_BLOCK_CONFIGS = ConfigSpace(ROWS=(1, 2, 4, 8, 16, 32, 64), num_warps=(1, 2, 4, 8, 16, 32))
+# The same with a PREFETCH switch (a kernel that loads the next tile before this tile's reductions). It holds two
+# tiles live, so it is tried only where a thread holds at most PREFETCH_MAX_PER_THREAD elements of a tile.
+ROW_BLOCK_CONFIGS_PREFETCH = ConfigSpace(ROWS=(1, 2, 4, 8, 16, 32, 64), num_warps=(1, 2, 4, 8, 16, 32), PREFETCH=(0, 1))
+PREFETCH_MAX_PER_THREAD = 16
 LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16))
 # With 32 warps too, for a looped forward light enough per element to keep 1024 threads busy: on the H200,
 # rms_norm's at bf16 rows of 32768 ran at 0.83 of copy with 16 warps and 0.93 with 32; softmax's at float32
@@ -190,11 +194,13 @@ def single_block_impl(
     n_rows: Callable[..., int] | None = None,
     *,
     max_block: int = MAX_SINGLE_BLOCK,
+    prefetch: bool = False,
 ) -> TritonImpl:
     """The ``single_block`` implementation of a row-wise op; ``n_cols(*args)`` gives its row length.
 
     With ``n_rows`` (the row count of the same arguments), the kernel takes ``ROWS`` rows per
-    program and the configurations range over :data:`ROW_BLOCK_CONFIGS`. Rows longer than
+    program and the configurations range over :data:`ROW_BLOCK_CONFIGS` (with ``prefetch``,
+    :data:`ROW_BLOCK_CONFIGS_PREFETCH`: the kernel takes PREFETCH, untuned off). Rows longer than
     ``max_block`` are not supported (forwards pass :data:`MAX_SINGLE_BLOCK_FORWARD`).
     """
     default: Callable[..., Config]
@@ -203,6 +209,17 @@ def single_block_impl(
         configs = SINGLE_BLOCK_CONFIGS
         default = lambda *args: single_block_default(n_cols(*args))
         prune = lambda config, *args: prune_single_block(config, n_cols(*args))
+    elif prefetch:
+        count = n_rows
+        configs = ROW_BLOCK_CONFIGS_PREFETCH
+        default = lambda *args: {**row_block_default(n_cols(*args), count(*args)), "PREFETCH": 0}
+        prune = lambda config, *args: (
+            prune_row_block(config, n_cols(*args), count(*args))
+            and (
+                not config["PREFETCH"]
+                or config["ROWS"] * single_block(n_cols(*args)) // (32 * config["num_warps"]) <= PREFETCH_MAX_PER_THREAD
+            )
+        )
     else:
         count = n_rows
         configs = ROW_BLOCK_CONFIGS

@@ -133,7 +133,9 @@ add_rms_norm_backward = Op(
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
-        rowwise.single_block_impl(_launch_backward, RMS_NORM_BWD, _backward_row_length, _backward_row_count),
+        rowwise.single_block_impl(
+            _launch_backward, RMS_NORM_BWD, _backward_row_length, _backward_row_count, prefetch=True
+        ),
         rowwise.looped_impl(_launch_backward_looped, RMS_NORM_BWD_LOOPED, _backward_row_length),
     ),
     bucket=lambda grad, grad_s, s, weight, eps: (*_bucket(s, weight), grad_s is not None),

@@ -228,11 +228,13 @@ def _bwd_single_block_impl(n_cols: Any, n_rows: Any) -> TritonImpl:
     def default(*args: Any) -> Config:
         rows = rowwise.row_block_default(n_cols(*args), n_rows(*args))["ROWS"]
         tile = rows * rowwise.single_block(n_cols(*args))
-        return {"ROWS": rows, "num_warps": num_warps_for(tile, elements_per_thread=8, hi=32)}
+        return {"ROWS": rows, "num_warps": num_warps_for(tile, elements_per_thread=8, hi=32), "PREFETCH": 0}
 
     def prune(config: Config, *args: Any) -> bool:
         tile = config["ROWS"] * rowwise.single_block(n_cols(*args))
         fits = _fits(tile, config["num_warps"], BWD_PER_THREAD)
+        if config["PREFETCH"] and tile // (32 * config["num_warps"]) > rowwise.PREFETCH_MAX_PER_THREAD:
+            return False
         return fits and rowwise.prune_row_block(config, n_cols(*args), n_rows(*args))
 
     return TritonImpl(
@@ -240,7 +242,7 @@ def _bwd_single_block_impl(n_cols: Any, n_rows: Any) -> TritonImpl:
         _launch_backward,
         (LAYER_NORM_BWD,),
         supports=lambda *args: rowwise.fits_one_block(n_cols(*args)),
-        configs=rowwise.ROW_BLOCK_CONFIGS,
+        configs=rowwise.ROW_BLOCK_CONFIGS_PREFETCH,
         default_config=default,
         prune=prune,
     )

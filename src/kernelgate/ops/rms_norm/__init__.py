@@ -172,6 +172,7 @@ rms_norm_backward = Op(
             RMS_NORM_BWD,
             lambda grad, x, *_: x.shape[-1],
             lambda grad, x, *_: _row_count(x, None, 0.0),
+            prefetch=True,
         ),
         rowwise.looped_impl(_launch_backward_looped, RMS_NORM_BWD_LOOPED, lambda grad, x, *_: x.shape[-1]),
     ),

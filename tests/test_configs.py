@@ -17,6 +17,7 @@ from kernelgate.rowwise import (
     INTERPRETED_L2_BYTES,
     MAX_SINGLE_BLOCK,
     MAX_SINGLE_BLOCK_FORWARD,
+    SPLIT_MIN_COLS,
     persistent_looped_programs,
 )
 from kernelgate.selection import compare, run_candidate
@@ -40,16 +41,19 @@ CASES += [(forward, (2, MAX_SINGLE_BLOCK_FORWARD + 65)) for forward, _ in ROWWIS
 PERSISTENT = {"softmax", "log_softmax", "rms_norm"}
 # Forwards with a persistent looped implementation too (rows longer than one block).
 PERSISTENT_LOOPED = {"softmax", "log_softmax", "rms_norm"}
+# Backwards with a split implementation too (rows of SPLIT_MIN_COLS or longer).
+SPLIT = {"rms_norm_backward", "add_rms_norm_backward"}
 
 
 def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
     """single_block up to its limit (forwards go further than backwards), and persistent beside it where the op
     has one; looped once a row exceeds 512 (its smallest block is 1024, and no block may be longer than the row
-    rounded up to a power of two)."""
+    rounded up to a power of two); split beside looped from SPLIT_MIN_COLS on, where the backward has one."""
     limit = MAX_SINGLE_BLOCK_FORWARD if op.name in FORWARDS else MAX_SINGLE_BLOCK
     one_block = {"single_block"} | ({"persistent"} if op.name in PERSISTENT else set())
     long_rows = {"persistent_looped"} if op.name in PERSISTENT_LOOPED and n_cols > MAX_SINGLE_BLOCK else set()
-    return (one_block if n_cols <= limit else set()) | ({"looped"} if n_cols > 512 else set()) | long_rows
+    split = {"split"} if op.name in SPLIT and n_cols >= SPLIT_MIN_COLS else set()
+    return (one_block if n_cols <= limit else set()) | ({"looped"} if n_cols > 512 else set()) | long_rows | split
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -336,3 +340,47 @@ def test_norm_backward_tunes_prefetch_where_two_tiles_fit() -> None:
         off = {(c["ROWS"], c["num_warps"]) for c in configs if not c["PREFETCH"]}
         fits = {(r, w) for r, w in off if r * single_block(4096) // (32 * w) <= PREFETCH_MAX_PER_THREAD}
         assert on == fits != set(), (op.name, on, off)
+
+
+@pytest.mark.parametrize("weighted", [True, False], ids=["weight", "no-weight"])
+@pytest.mark.parametrize("op", [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward], ids=lambda op: op.name)
+def test_split_backward_matches_the_reference_over_uneven_row_groups(
+    target: torch.device, op: kernelgate.Op, weighted: bool
+) -> None:
+    """The split backward (each row's statistics, then column blocks of row groups) gives the reference's dx and
+    dweight where the rows fall into several groups and the last group is shorter: 7 rows in groups of 3, 3 and 1
+    under the interpreter, 301 rows in groups of 2 (the last of 1) on the H200's 132 multiprocessors."""
+    from kernelgate.rowwise import column_row_groups
+
+    assert op.make_inputs is not None
+    shape = (7, 8200) if target.type == "cpu" else (301, 8200)
+    values = list(op.make_inputs(shape, torch.float32, target))
+    if not weighted:
+        values[-2] = None  # the weight, before eps
+    impl = next(i for i in op.implementations if i.name == "split")
+    assert impl.supports(*values) is None
+    config = {"BLOCK_N": 4096, "num_warps": 4}
+    _, rows_per_group, groups = column_row_groups(target, shape[0], shape[1], config["BLOCK_N"], 4)
+    assert groups > 1 and shape[0] % rows_per_group, (rows_per_group, groups)
+    expected = op.reference(*values)
+    got = run_candidate(impl, config, values, target.type == "cpu", poison=True)
+    assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None
+
+
+def test_split_backward_keeps_a_few_rows_of_partial_sums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the looped backward keeps a row of dweight partial sums a program (at 512 rows of 131072 on the H200's
+    132 multiprocessors, a program a row: 512 rows), the split backward keeps one a row group: 17 there, with
+    BLOCK_N 4096. It takes rows of SPLIT_MIN_COLS or longer only."""
+    from kernelgate import backend
+    from kernelgate.rowwise import column_row_groups, row_groups
+
+    monkeypatch.setattr(backend, "multiprocessors", lambda device: 132)
+    gpu = torch.device("cuda")
+    assert row_groups(gpu, 512, 4, {})[1] == 512
+    assert column_row_groups(gpu, 512, 131072, 4096, 4) == (32, 31, 17)
+    impl = next(i for i in kernelgate.rms_norm_backward.implementations if i.name == "split")
+    assert kernelgate.rms_norm_backward.make_inputs is not None
+    short = kernelgate.rms_norm_backward.make_inputs((2, SPLIT_MIN_COLS - 1), torch.float32, torch.device("cpu"))
+    assert impl.supports(*short) is not None and "shorter than" in impl.supports(*short)
+    long = kernelgate.rms_norm_backward.make_inputs((2, SPLIT_MIN_COLS), torch.float32, torch.device("cpu"))
+    assert impl.supports(*long) is None

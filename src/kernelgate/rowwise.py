@@ -40,11 +40,15 @@ __all__ = [
     "PERSISTENT_STAGE_BYTES",
     "ROW_BLOCK_CONFIGS",
     "SINGLE_BLOCK_CONFIGS",
+    "SPLIT_CONFIGS",
+    "SPLIT_DEFAULT",
+    "SPLIT_MIN_COLS",
     "along_dim_backward_impls",
     "along_dim_bucket",
     "along_dim_impls",
     "along_dim_length",
     "along_dim_rows",
+    "column_row_groups",
     "fits_one_block",
     "launch_rows",
     "looped_impl",
@@ -63,6 +67,7 @@ __all__ = [
     "single_block",
     "single_block_default",
     "single_block_impl",
+    "split_impl",
 ]
 
 # Rows up to this length are held in registers by one program; longer rows loop.
@@ -95,6 +100,11 @@ LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 
 # (benchmarks/results/h200/long-rows-c8ca3e4.txt).
 LOOPED_CONFIGS_32_WARPS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16, 32))
 LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8}
+# The split backward (split_impl): for rows of at least SPLIT_MIN_COLS, where the looped backward's weight-gradient
+# partial sums, a row per program, come close to an input's size when the rows are few.
+SPLIT_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096), num_warps=(4, 8, 16))
+SPLIT_DEFAULT: Config = {"BLOCK_N": 2048, "num_warps": 8}
+SPLIT_MIN_COLS = 8192
 
 
 def per_thread_ok(block: int, num_warps: int) -> bool:
@@ -187,6 +197,22 @@ def row_groups(device: torch.device, n_rows: int, per_sm: int, config: Config) -
     return rows_per_program, cdiv(n_rows, rows_per_program), meta
 
 
+def column_row_groups(device: torch.device, n_rows: int, n_cols: int, block: int, per_sm: int) -> tuple[int, int, int]:
+    """How a backward kernel over (column blocks, row groups) splits its work: ``(blocks, rows_per_group, groups)``.
+
+    The row groups are as few as fill about ``per_sm`` programs per multiprocessor (two under the interpreter)
+    together with the column blocks: each group keeps a row of partial sums of ``n_cols``.
+
+    >>> column_row_groups(torch.device("cpu"), 256, 8192, 2048, 4)
+    (4, 128, 2)
+    """
+    sms = backend.multiprocessors(device) if device.type == "cuda" else 2
+    blocks = cdiv(n_cols, block)
+    wanted = max(1, min(n_rows, cdiv(per_sm * sms, blocks)))
+    rows_per_group = cdiv(n_rows, wanted)
+    return blocks, rows_per_group, cdiv(n_rows, rows_per_group)
+
+
 def single_block_impl(
     launcher: Callable[..., Any],
     kernel: LazyKernel,
@@ -250,6 +276,30 @@ def looped_impl(
         (kernel,),
         configs=configs,
         default_config=LOOPED_DEFAULT,
+        prune=lambda config, *args: prune_looped(config, n_cols(*args)),
+    )
+
+
+def split_impl(launcher: Callable[..., Any], kernels: tuple[LazyKernel, ...], n_cols: Callable[..., int]) -> TritonImpl:
+    """The ``split`` implementation of a row-wise backward with a weight gradient, for rows of at least
+    :data:`SPLIT_MIN_COLS`: one kernel takes each row's statistics, a second a column block of a group of rows
+    (:func:`column_row_groups`), so that the weight gradient's partial sums are a few rows, not a row a program."""
+
+    def supports(*args: Any) -> str | None:
+        n = n_cols(*args)
+        return (
+            None
+            if n >= SPLIT_MIN_COLS
+            else f"rows of {n} are shorter than {SPLIT_MIN_COLS} (the split backward's least)"
+        )
+
+    return TritonImpl(
+        "split",
+        launcher,
+        kernels,
+        supports=supports,
+        configs=SPLIT_CONFIGS,
+        default_config=SPLIT_DEFAULT,
         prune=lambda config, *args: prune_looped(config, n_cols(*args)),
     )
 

@@ -16,7 +16,14 @@ from kernelgate.launch import LazyKernel, as_rows, empty
 from kernelgate.library import Backward
 from kernelgate.op import Op
 from kernelgate.ops.add_rms_norm.reference import add_rms_norm_backward_reference, add_rms_norm_reference
-from kernelgate.ops.rms_norm import RMS_NORM_BWD, RMS_NORM_BWD_LOOPED, run_backward
+from kernelgate.ops.rms_norm import (
+    RMS_NORM_BWD,
+    RMS_NORM_BWD_COLUMNS,
+    RMS_NORM_BWD_LOOPED,
+    RMS_NORM_BWD_STATS,
+    run_backward,
+    run_backward_split,
+)
 
 __all__ = ["add_rms_norm", "add_rms_norm_backward"]
 
@@ -107,6 +114,18 @@ def _launch_backward_looped(
     return run_backward(grad, grad_s, s, weight, eps, looped=True, block=config["BLOCK_N"], config=config)
 
 
+def _launch_backward_split(
+    grad: torch.Tensor,
+    grad_s: torch.Tensor | None,
+    s: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float = 1e-6,
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_backward_split(grad, grad_s, s, weight, eps, config)
+
+
 def _make_backward_inputs(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -137,6 +156,7 @@ add_rms_norm_backward = Op(
             _launch_backward, RMS_NORM_BWD, _backward_row_length, _backward_row_count, prefetch=True
         ),
         rowwise.looped_impl(_launch_backward_looped, RMS_NORM_BWD_LOOPED, _backward_row_length),
+        rowwise.split_impl(_launch_backward_split, (RMS_NORM_BWD_STATS, RMS_NORM_BWD_COLUMNS), _backward_row_length),
     ),
     bucket=lambda grad, grad_s, s, weight, eps: (*_bucket(s, weight), grad_s is not None),
     # dx reduces over its row; dweight over every row.

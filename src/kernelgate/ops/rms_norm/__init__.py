@@ -21,6 +21,8 @@ RMS_NORM_FWD_PERSISTENT = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_no
 RMS_NORM_FWD_PERSISTENT_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_persistent_looped_kernel")
 RMS_NORM_BWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_kernel")
 RMS_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_looped_kernel")
+RMS_NORM_BWD_STATS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_stats_kernel")
+RMS_NORM_BWD_COLUMNS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_columns_kernel")
 # Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
 # sums of dweight stay small.
 BWD_PROGRAMS_PER_SM = 4
@@ -137,6 +139,46 @@ def run_backward(
     return dx, partial.sum(dim=0).to(w.dtype)
 
 
+def run_backward_split(
+    grad: torch.Tensor,
+    grad_s: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`run_backward` in two kernels: each row's statistics, then dx and dweight's partial sums by column
+    blocks of row groups (:func:`kernelgate.rowwise.column_row_groups`), a few rows of partial sums in all."""
+    x_rows, g_rows = as_rows(x, "x"), as_rows(grad, "grad")
+    ds_rows = as_rows(grad_s, "grad_s") if grad_s is not None else x_rows  # any pointer without HAS_DS
+    w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
+    w_ptr = x_rows.tensor if w is None else w
+    n_rows, n_cols, block, warps = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"], config["num_warps"]
+    stats = torch.empty((n_rows, 2), dtype=torch.float32, device=x.device)
+    rows_per_program, programs, _ = rowwise.row_groups(x.device, n_rows, BWD_PROGRAMS_PER_SM, {})
+    launch(
+        RMS_NORM_BWD_STATS, (programs,), g_rows.tensor, x_rows.tensor, w_ptr, stats, g_rows.stride, x_rows.stride,
+        n_rows, n_cols, eps, rows_per_program, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=warps,
+    )  # fmt: skip
+    blocks, rows_per_group, groups = rowwise.column_row_groups(x.device, n_rows, n_cols, block, BWD_PROGRAMS_PER_SM)
+    dx = empty(x.shape, dtype=x.dtype, device=x.device)
+    partial = torch.empty((groups, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
+    launch(
+        RMS_NORM_BWD_COLUMNS, (blocks, groups), g_rows.tensor, ds_rows.tensor, x_rows.tensor, w_ptr, dx, partial,
+        stats, g_rows.stride, ds_rows.stride, x_rows.stride, n_cols, n_rows, n_cols, rows_per_group,
+        HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=warps,
+    )  # fmt: skip
+    if w is None:
+        return dx, x.new_empty(0)
+    return dx, partial.sum(dim=0).to(w.dtype)
+
+
+def _launch_backward_split(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_backward_split(grad, None, x, weight, eps, config)
+
+
 def _launch_backward(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,6 +217,9 @@ rms_norm_backward = Op(
             prefetch=True,
         ),
         rowwise.looped_impl(_launch_backward_looped, RMS_NORM_BWD_LOOPED, lambda grad, x, *_: x.shape[-1]),
+        rowwise.split_impl(
+            _launch_backward_split, (RMS_NORM_BWD_STATS, RMS_NORM_BWD_COLUMNS), lambda grad, x, *_: x.shape[-1]
+        ),
     ),
     bucket=lambda grad, x, weight, eps: _bucket(x, weight, eps),
     reduction_length=lambda grad, x, weight, eps: int(x.numel() // max(x.shape[-1], 1)) + int(x.shape[-1]),

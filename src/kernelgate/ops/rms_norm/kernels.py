@@ -193,6 +193,82 @@ def _rms_norm_bwd_kernel(
 
 
 @triton.jit
+def _rms_norm_bwd_row_stats(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    stats_ptr,
+    row,
+    stride_dym,
+    stride_xm,
+    n_cols,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One row's rstd and mean(g * xhat) (g = dy * w), streamed block by block, stored at stats_ptr + 2 * row."""
+    sum_xx = tl.zeros([BLOCK_N], tl.float32)
+    sum_gx = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        sum_xx += x * x
+        sum_gx += g * x
+    rstd = tl.rsqrt(tl.sum(sum_xx, axis=0) / n_cols + eps)
+    tl.store(stats_ptr + 2 * row, rstd)
+    tl.store(stats_ptr + 2 * row + 1, tl.sum(sum_gx, axis=0) * rstd / n_cols)
+
+
+@triton.jit
+def _rms_norm_bwd_column_block(
+    dy_ptr,
+    ds_ptr,
+    x_ptr,
+    w_ptr,
+    dx_ptr,
+    dw_ptr,
+    stats_ptr,
+    stride_dym,
+    stride_dsm,
+    stride_xm,
+    stride_dxm,
+    n_cols,
+    start,
+    first,
+    last,
+    HAS_DS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """dx of rows first..last-1 at columns start..start+BLOCK_N-1, from the rows' statistics; their dw sum
+    (dy * xhat over those rows, float32) is stored at dw_ptr + cols."""
+    cols = start + tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    for row in range(first, last):
+        rstd = tl.load(stats_ptr + 2 * row)
+        mean_gxhat = tl.load(stats_ptr + 2 * row + 1)
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+        xhat = x * rstd
+        g = dy * w if HAS_WEIGHT else dy
+        dx = (g - xhat * mean_gxhat) * rstd
+        if HAS_DS:
+            dx += tl.load(ds_ptr + row * stride_dsm + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_WEIGHT:
+            dw += dy * xhat
+    if HAS_WEIGHT:
+        tl.store(dw_ptr + cols, dw, mask=mask)
+
+
+@triton.jit
 def _rms_norm_bwd_looped_kernel(
     dy_ptr,
     ds_ptr,
@@ -225,40 +301,64 @@ def _rms_norm_bwd_looped_kernel(
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
     for row in range(first, last):
-        sum_xx = tl.zeros([BLOCK_N], tl.float32)
-        sum_gx = tl.zeros([BLOCK_N], tl.float32)
-        for start in range(0, n_cols, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            mask = cols < n_cols
-            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-            g = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-            if HAS_WEIGHT:
-                g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            sum_xx += x * x
-            sum_gx += g * x
-        rstd = tl.rsqrt(tl.sum(sum_xx, axis=0) / n_cols + eps)
-        tl.store(stats_ptr + 2 * row, rstd)
-        tl.store(stats_ptr + 2 * row + 1, tl.sum(sum_gx, axis=0) * rstd / n_cols)
+        _rms_norm_bwd_row_stats(
+            dy_ptr, x_ptr, w_ptr, stats_ptr, row, stride_dym, stride_xm, n_cols, eps, HAS_WEIGHT, BLOCK_N
+        )
     # Every thread of the program reads the statistics stored above.
     tl.debug_barrier()
     for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
-        if HAS_WEIGHT:
-            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        dw = tl.zeros([BLOCK_N], tl.float32)
-        for row in range(first, last):
-            rstd = tl.load(stats_ptr + 2 * row)
-            mean_gxhat = tl.load(stats_ptr + 2 * row + 1)
-            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-            xhat = x * rstd
-            g = dy * w if HAS_WEIGHT else dy
-            dx = (g - xhat * mean_gxhat) * rstd
-            if HAS_DS:
-                dx += tl.load(ds_ptr + row * stride_dsm + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            if HAS_WEIGHT:
-                dw += dy * xhat
-        if HAS_WEIGHT:
-            tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
+        _rms_norm_bwd_column_block(
+            dy_ptr, ds_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr + pid * n_cols, stats_ptr, stride_dym, stride_dsm, stride_xm,
+            stride_dxm, n_cols, start, first, last, HAS_DS, HAS_WEIGHT, BLOCK_N,
+        )  # fmt: skip
+
+
+@triton.jit
+def _rms_norm_bwd_stats_kernel(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, stride_dym, stride_xm, n_rows, n_cols, eps, rows_per_program,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The split backward's first kernel: each row's rstd and mean(g * xhat) into stats_ptr ((n_rows, 2) float32).
+    Grid: (programs,), each over rows_per_program consecutive rows."""
+    pid = tl.program_id(0)
+    first = pid * rows_per_program
+    for row in range(first, tl.minimum(first + rows_per_program, n_rows)):
+        _rms_norm_bwd_row_stats(
+            dy_ptr, x_ptr, w_ptr, stats_ptr, row, stride_dym, stride_xm, n_cols, eps, HAS_WEIGHT, BLOCK_N
+        )
+
+
+@triton.jit
+def _rms_norm_bwd_columns_kernel(
+    dy_ptr,
+    ds_ptr,
+    x_ptr,
+    w_ptr,
+    dx_ptr,
+    dw_ptr,
+    stats_ptr,
+    stride_dym,
+    stride_dsm,
+    stride_xm,
+    stride_dxm,
+    n_rows,
+    n_cols,
+    rows_per_group,
+    HAS_DS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The split backward's second kernel: dx, and dw's partial sums, from the statistics of the first.
+
+    Grid: (column blocks, row groups). Program (c, r) takes column block c of the rows of group r
+    (rows_per_group consecutive rows) and stores their dw sum in row r of dw_ptr ((groups, n_cols)
+    float32). With few long rows the looped kernel's partial sums are a row per program, as large as
+    an input; split by columns, the row groups, and so the partial sums, can be few.
+    """
+    group = tl.program_id(1)
+    first = group * rows_per_group
+    _rms_norm_bwd_column_block(
+        dy_ptr, ds_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr + group * n_cols, stats_ptr, stride_dym, stride_dsm, stride_xm,
+        stride_dxm, n_cols, tl.program_id(0) * BLOCK_N, first, tl.minimum(first + rows_per_group, n_rows), HAS_DS,
+        HAS_WEIGHT, BLOCK_N,
+    )  # fmt: skip

@@ -978,3 +978,39 @@ def test_the_commit_is_marked_where_the_source_differs_from_it(monkeypatch: pyte
     assert bench_runner._commit() == "unknown"
     monkeypatch.setenv("KERNELGATE_COMMIT", "def5678")
     assert bench_runner._commit() == "def5678"
+
+
+def test_a_miss_of_kernels_that_stream_rows_twice_states_the_bound_that_sets(
+    interpreted: list[bench.BenchRow],
+) -> None:
+    """Where the best kernels short of the target stream rows twice (a looped forward; a backward past one block),
+    the miss gives their bytes over the formula's and the bound at the copy rate: at bf16 512x131072 rms_norm's
+    looped forward reads x again (M*N*e) and its backward x and dy (2*M*N*e), 8/5 of the formula's 5*M*N*e, at
+    most 0.63 of copy (5/8, and the weight's bytes). Rows that fit one block, or a single-block forward, add no
+    such clause."""
+    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager")
+    shape, rows, n = "512x131072", 512, 131072
+    minimal = (5 * rows * n + 3 * n) * 2
+    eager = dataclasses.replace(
+        base, op="rms_norm", dtype="bfloat16", shape=shape, rows=rows, row_length=n, regime="bandwidth",
+        direction="forward+backward", time_us=600.0, host_us=math.nan, bytes=minimal, frac_of_copy=0.25, note="",
+    )  # fmt: skip
+    ours = dataclasses.replace(eager, impl="kernelgate", time_us=270.0, frac_of_copy=0.55, note="auto: looped[x] (")
+    looped = dataclasses.replace(ours, impl="triton:looped", time_us=260.0, frac_of_copy=0.58, note="")
+    bound = minimal / (minimal + 3 * rows * n * 2)
+    assert f"{bound:.2f}" == "0.63"
+    texts = [t for t in bench.misses([eager, ours, looped]) if "bandwidth (target 0.80)" in t]
+    assert len(texts) == 1, texts
+    assert (
+        "its kernels stream rows twice (its looped forward, M*N*e: x read again; its backward past one block of "
+        "16384, 2*M*N*e: x and dy read again), 1.60 times the bytes the formula counts: at most 0.63 of copy with "
+        f"every pass from memory, and it reaches {0.58 / bound:.2f} of that"
+    ) in texts[0], texts[0]
+    # A single-block forward reads x once: only the backward's second pass counts (7/5 of the formula's bytes).
+    single = dataclasses.replace(looped, impl="triton:single_block")
+    (text,) = [t for t in bench.misses([eager, ours, single]) if "bandwidth (target 0.80)" in t]
+    assert "(its backward past one block of 16384, 2*M*N*e: x and dy read again), 1.40 times" in text, text
+    # Rows of one block: the backward reads each row once, and a single-block forward adds nothing either.
+    short = {"shape": "65536x1024", "rows": 65536, "row_length": 1024}
+    rows_short = [dataclasses.replace(r, **short) for r in (eager, ours, single)]
+    assert all("stream rows twice" not in t for t in bench.misses(rows_short))

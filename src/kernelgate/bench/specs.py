@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SPECS", "BenchSpec", "Bytes", "bench_specs", "spec_for"]
+__all__ = ["SPECS", "BenchSpec", "Bytes", "Rereads", "bench_specs", "spec_for"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +35,21 @@ class Bytes:
 
     formula: str
     count: Callable[[tuple[int, ...], int], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rereads:
+    """The bytes a row-wise op's kernels move beyond the minimal count where they stream each row twice.
+
+    ``forward``: a forward implementation whose name ends in ``looped`` (a first pass for the row's statistics,
+    a second that writes). ``backward``: a backward at rows longer than ``one_block`` (no single-block kernel
+    takes them: each row is read for its sums, then again for the gradient). The summary of ``kernelgate bench``
+    compares a miss with the bound these set at the copy rate, every pass from memory.
+    """
+
+    forward: Bytes
+    backward: Bytes
+    one_block: int = 16384
 
 
 def _rows_by_last(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -58,6 +73,8 @@ class BenchSpec:
             counterpart (prepared once per shape from ``args``); raises ``ImportError`` when the
             installed Liger-Kernel lacks it. ``None``: Liger-Kernel has no counterpart.
         layout: ``layout(shape) -> (rows, row_length)`` for the CSV and the plots.
+        rereads: the bytes its kernels move beyond the minimal count where they stream rows twice
+            (:class:`Rereads`); ``None`` where none do.
     """
 
     op: str
@@ -69,6 +86,7 @@ class BenchSpec:
     forward_backward_bytes: Bytes
     liger: Callable[[tuple[Any, ...]], Callable[..., Any]] | None = None
     layout: Callable[[tuple[int, ...]], tuple[int, int]] = _rows_by_last
+    rereads: Rereads | None = None
 
     def rows_and_length(self, shape: tuple[int, ...]) -> tuple[int, int]:
         """``(rows, row_length)`` of a suite shape."""
@@ -97,6 +115,26 @@ SOFTMAX_BYTES = (
         "5*M*N*e: forward 2*M*N*e; backward reads y and dy, writes dx",
         lambda s, e: 5 * s[0] * s[1] * e,
     ),
+)
+
+
+def _mn(s: tuple[int, ...], e: int) -> int:
+    return s[0] * s[1] * e
+
+
+# softmax's looped forward reads x twice (an online max-and-sum pass, then a normalising one); its looped backward
+# reads y and dy for sum(dy * y), then both again. log_softmax's backward first reads dy alone, for sum(dy).
+SOFTMAX_REREADS = Rereads(
+    Bytes("M*N*e: x read again", _mn), Bytes("2*M*N*e: y and dy read again", lambda s, e: 2 * _mn(s, e))
+)
+LOG_SOFTMAX_REREADS = Rereads(Bytes("M*N*e: x read again", _mn), Bytes("M*N*e: dy read again", _mn))
+# The norms' looped forwards take the row's statistics, then normalise it (add_rms_norm's reads back the sum s it
+# stored); their looped and split backwards take each row's sums, then read x (s) and dy again for dx.
+NORM_REREADS = Rereads(
+    Bytes("M*N*e: x read again", _mn), Bytes("2*M*N*e: x and dy read again", lambda s, e: 2 * _mn(s, e))
+)
+ADD_RMS_NORM_REREADS = Rereads(
+    Bytes("M*N*e: the sum s read back", _mn), Bytes("2*M*N*e: s and dy read again", lambda s, e: 2 * _mn(s, e))
 )
 
 
@@ -237,8 +275,17 @@ def _rotary_tensors(s: tuple[int, ...]) -> int:
 
 
 SPECS: tuple[BenchSpec, ...] = (
-    BenchSpec("softmax", "rowwise", ROWWISE, _softmax_args, (0,), *SOFTMAX_BYTES, liger=_liger_softmax),
-    BenchSpec("log_softmax", "rowwise", ROWWISE, _softmax_args, (0,), *SOFTMAX_BYTES),
+    BenchSpec(
+        "softmax",
+        "rowwise",
+        ROWWISE,
+        _softmax_args,
+        (0,),
+        *SOFTMAX_BYTES,
+        liger=_liger_softmax,
+        rereads=SOFTMAX_REREADS,
+    ),
+    BenchSpec("log_softmax", "rowwise", ROWWISE, _softmax_args, (0,), *SOFTMAX_BYTES, rereads=LOG_SOFTMAX_REREADS),
     BenchSpec(
         "rms_norm",
         "rowwise",
@@ -251,6 +298,7 @@ SPECS: tuple[BenchSpec, ...] = (
             lambda s, e: (5 * s[0] * s[1] + 3 * s[1]) * e,
         ),
         liger=_liger_rms_norm,
+        rereads=NORM_REREADS,
     ),
     BenchSpec(
         "layer_norm",
@@ -264,6 +312,7 @@ SPECS: tuple[BenchSpec, ...] = (
             lambda s, e: (5 * s[0] * s[1] + 5 * s[1]) * e,
         ),
         liger=_liger_layer_norm,
+        rereads=NORM_REREADS,
     ),
     BenchSpec(
         "add_rms_norm",
@@ -281,6 +330,7 @@ SPECS: tuple[BenchSpec, ...] = (
             lambda s, e: (8 * s[0] * s[1] + 3 * s[1]) * e,
         ),
         liger=_liger_add_rms_norm,
+        rereads=ADD_RMS_NORM_REREADS,
     ),
     BenchSpec("swiglu", "rowwise", ROWWISE, _gated_args, (0, 1), *GATED_BYTES, liger=_liger_swiglu),
     BenchSpec("geglu", "rowwise", ROWWISE, _geglu_args, (0, 1), *GATED_BYTES, liger=_liger_geglu),

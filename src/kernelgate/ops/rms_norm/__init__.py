@@ -104,6 +104,16 @@ def _make_inputs(
     return torch.randn(shape, device=device).to(dtype), torch.randn(shape[-1], device=device).to(dtype), 1e-6
 
 
+def _backward_operands(
+    grad: torch.Tensor, grad_s: torch.Tensor | None, x: torch.Tensor, weight: torch.Tensor | None
+) -> tuple[Rows, Rows, Rows, torch.Tensor | None]:
+    """A backward's rows of x, grad and grad_s (x's where there is none: any pointer without HAS_DS), and the
+    weight with unit stride."""
+    x_rows, g_rows = as_rows(x, "x"), as_rows(grad, "grad")
+    ds_rows = as_rows(grad_s, "grad_s") if grad_s is not None else x_rows
+    return x_rows, g_rows, ds_rows, weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
+
+
 def run_backward(
     grad: torch.Tensor,
     grad_s: torch.Tensor | None,
@@ -117,9 +127,7 @@ def run_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dx and dweight of rms_norm(x); with ``grad_s``, add_rms_norm's, where ``x`` is the sum s and
     ``grad_s`` the gradient that reaches s directly (added to dx)."""
-    x_rows, g_rows = as_rows(x, "x"), as_rows(grad, "grad")
-    ds_rows = as_rows(grad_s, "grad_s") if grad_s is not None else x_rows  # any pointer without HAS_DS
-    w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
+    x_rows, g_rows, ds_rows, w = _backward_operands(grad, grad_s, x, weight)
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
     rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, BWD_PROGRAMS_PER_SM, config)
     if "PREFETCH" in config:  # the single-block kernel's switch: the next tile's loads before this one's reductions
@@ -149,9 +157,7 @@ def run_backward_split(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`run_backward` in two kernels: each row's statistics, then dx and dweight's partial sums by column
     blocks of row groups (:func:`kernelgate.rowwise.column_row_groups`), a few rows of partial sums in all."""
-    x_rows, g_rows = as_rows(x, "x"), as_rows(grad, "grad")
-    ds_rows = as_rows(grad_s, "grad_s") if grad_s is not None else x_rows  # any pointer without HAS_DS
-    w = weight if weight is None or weight.stride(0) == 1 else weight.contiguous()
+    x_rows, g_rows, ds_rows, w = _backward_operands(grad, grad_s, x, weight)
     w_ptr = x_rows.tensor if w is None else w
     n_rows, n_cols, block, warps = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"], config["num_warps"]
     stats = torch.empty((n_rows, 2), dtype=torch.float32, device=x.device)

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from kernelgate.rowwise import MAX_SINGLE_BLOCK
+
 __all__ = ["SPECS", "BenchSpec", "Bytes", "Rereads", "bench_specs", "spec_for"]
 
 
@@ -49,7 +51,7 @@ class Rereads:
 
     forward: Bytes
     backward: Bytes
-    one_block: int = 16384
+    one_block: int = MAX_SINGLE_BLOCK
 
 
 def _rows_by_last(shape: tuple[int, ...]) -> tuple[int, int]:

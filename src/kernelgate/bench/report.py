@@ -24,7 +24,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kernelgate.bench.suite import BenchError
+from kernelgate.bench.suite import DTYPES, BenchError
 from kernelgate.dispatch import Reason
 
 # Inputs below this are the latency regime, timed for host cost too (noise hides bandwidth there).
@@ -602,9 +602,6 @@ def _field_cause(by_impl: dict[str, BenchRow], floor: float) -> tuple[str, str]:
     )
 
 
-ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
 def _reread_clause(row: BenchRow, forward_implementation: str) -> str:
     """Where ``row`` (kernelgate's kernels, forward ``forward_implementation``) streams rows twice, a clause with
     the bound that sets: its bytes over the formula's, at most what fraction of copy with every pass from memory,
@@ -620,10 +617,10 @@ def _reread_clause(row: BenchRow, forward_implementation: str) -> str:
         rereads = spec_for(row.op).rereads
     except KeyError:
         return ""
-    size = ELEMENT_SIZES.get(row.dtype)
-    if rereads is None or size is None or row.regime != "bandwidth" or row.bytes <= 0:
+    dtype = DTYPES.get(row.dtype)
+    if rereads is None or dtype is None or row.regime != "bandwidth" or row.bytes <= 0:
         return ""
-    shape = tuple(int(d) for d in row.shape.split("x"))
+    shape, size = tuple(int(d) for d in row.shape.split("x")), dtype.itemsize
     extra, parts = 0, []
     if forward_implementation.endswith("looped"):
         extra += rereads.forward.count(shape, size)

@@ -42,7 +42,7 @@ PERSISTENT = {"softmax", "log_softmax", "rms_norm"}
 # Forwards with a persistent looped implementation too (rows longer than one block).
 PERSISTENT_LOOPED = {"softmax", "log_softmax", "rms_norm"}
 # Backwards with a split implementation too (rows of SPLIT_MIN_COLS or longer).
-SPLIT = {"rms_norm_backward", "add_rms_norm_backward"}
+SPLIT = {"rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward"}
 
 
 def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
@@ -342,21 +342,31 @@ def test_norm_backward_tunes_prefetch_where_two_tiles_fit() -> None:
         assert on == fits != set(), (op.name, on, off)
 
 
-@pytest.mark.parametrize("weighted", [True, False], ids=["weight", "no-weight"])
-@pytest.mark.parametrize("op", [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward], ids=lambda op: op.name)
+# The positions of each backward's affine parameters (weight, and layer_norm's bias) in its make_inputs.
+AFFINE_POSITIONS = {"rms_norm_backward": (2,), "add_rms_norm_backward": (3,), "layer_norm_backward": (3, 4)}
+
+
+@pytest.mark.parametrize("weighted", [True, False], ids=["affine", "no-affine"])
+@pytest.mark.parametrize(
+    "op",
+    [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward],
+    ids=lambda op: op.name,
+)
 def test_split_backward_matches_the_reference_over_uneven_row_groups(
     target: torch.device, op: kernelgate.Op, weighted: bool
 ) -> None:
     """The split backward (each row's statistics, then column blocks of row groups) gives the reference's dx and
-    dweight where the rows fall into several groups and the last group is shorter: 7 rows in groups of 3, 3 and 1
-    under the interpreter, 301 rows in groups of 2 (the last of 1) on the H200's 132 multiprocessors."""
+    parameter gradients where the rows fall into several groups and the last group is shorter: 7 rows in groups of
+    3, 3 and 1 under the interpreter, 301 rows in groups of 2 (the last of 1) on the H200's 132 multiprocessors;
+    with and without the weight (and bias)."""
     from kernelgate.rowwise import column_row_groups
 
     assert op.make_inputs is not None
     shape = (7, 8200) if target.type == "cpu" else (301, 8200)
     values = list(op.make_inputs(shape, torch.float32, target))
     if not weighted:
-        values[-2] = None  # the weight, before eps
+        for i in AFFINE_POSITIONS[op.name]:
+            values[i] = None
     impl = next(i for i in op.implementations if i.name == "split")
     assert impl.supports(*values) is None
     config = {"BLOCK_N": 4096, "num_warps": 4}

@@ -280,10 +280,17 @@ def looped_impl(
     )
 
 
-def split_impl(launcher: Callable[..., Any], kernels: tuple[LazyKernel, ...], n_cols: Callable[..., int]) -> TritonImpl:
+def split_impl(
+    launcher: Callable[..., Any],
+    kernels: tuple[LazyKernel, ...],
+    n_cols: Callable[..., int],
+    *,
+    max_per_thread: int = MAX_PER_THREAD,
+) -> TritonImpl:
     """The ``split`` implementation of a row-wise backward with a weight gradient, for rows of at least
     :data:`SPLIT_MIN_COLS`: one kernel takes each row's statistics, a second a column block of a group of rows
-    (:func:`column_row_groups`), so that the weight gradient's partial sums are a few rows, not a row a program."""
+    (:func:`column_row_groups`), so that the weight gradient's partial sums are a few rows, not a row a program.
+    A configuration holds at most ``max_per_thread`` elements of a block a thread."""
 
     def supports(*args: Any) -> str | None:
         n = n_cols(*args)
@@ -300,7 +307,9 @@ def split_impl(launcher: Callable[..., Any], kernels: tuple[LazyKernel, ...], n_
         supports=supports,
         configs=SPLIT_CONFIGS,
         default_config=SPLIT_DEFAULT,
-        prune=lambda config, *args: prune_looped(config, n_cols(*args)),
+        prune=lambda config, *args: (
+            prune_looped(config, n_cols(*args)) and config["BLOCK_N"] // (32 * config["num_warps"]) <= max_per_thread
+        ),
     )
 
 

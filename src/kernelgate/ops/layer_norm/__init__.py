@@ -27,6 +27,8 @@ LAYER_NORM_FWD = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fw
 LAYER_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fwd_looped_kernel")
 LAYER_NORM_BWD = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_kernel")
 LAYER_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_looped_kernel")
+LAYER_NORM_BWD_STATS = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_stats_kernel")
+LAYER_NORM_BWD_COLUMNS = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_columns_kernel")
 
 # The looped backward keeps four running sums per lane, the looped forward a block of x and (with
 # PREFETCH) the next, and the single-block backward holds x, dy, w and the dw and db sums: fewer elements
@@ -166,11 +168,55 @@ def _run_backward(
         g_rows.stride, x_rows.stride, n_cols, n_rows, n_cols, float(eps), rows_per_program,
         HAS_WEIGHT=w is not None, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=config["num_warps"], **meta,
     )  # fmt: skip
+    return (dx, *_affine_grads(partial, sums, x, weight, bias))
+
+
+def _affine_grads(
+    partial: torch.Tensor, sums: int, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dweight and dbias from their partial sums (``partial``: dweight's rows first, then dbias's, ``sums`` of
+    them), each in its parameter's dtype and shape; empty where the parameter is absent."""
     total = partial.sum(dim=1) if sums else partial
     dw = total[0].to(weight.dtype).view(weight.shape) if weight is not None else x.new_empty(0)
     # Copied when both are there, so that dweight and dbias never share memory.
     db = total[sums - 1].to(bias.dtype, copy=sums == 2).view(bias.shape) if bias is not None else x.new_empty(0)
-    return dx, dw, db
+    return dw, db
+
+
+def _launch_backward_split(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward in two kernels: each row's statistics, then dx and the partial sums of dweight and dbias by
+    column blocks of row groups (:func:`kernelgate.rowwise.column_row_groups`), a few rows of partial sums."""
+    check_affine("layer_norm_backward", normalized_shape, weight, bias)
+    k = len(normalized_shape)
+    x_rows, g_rows = _rows(x, k, "x"), _rows(grad, k, "grad")
+    w = _flat(weight)
+    w_ptr = x_rows.tensor if w is None else w
+    n_rows, n_cols, block, warps = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"], config["num_warps"]
+    stats = torch.empty((n_rows, STATS_PER_ROW), dtype=torch.float32, device=x.device)
+    rows_per_program, programs, _ = rowwise.row_groups(x.device, n_rows, BWD_PROGRAMS_PER_SM, {})
+    launch(
+        LAYER_NORM_BWD_STATS, (programs,), g_rows.tensor, x_rows.tensor, w_ptr, stats, g_rows.stride, x_rows.stride,
+        n_rows, n_cols, float(eps), rows_per_program, HAS_WEIGHT=w is not None, BLOCK_N=block, num_warps=warps,
+    )  # fmt: skip
+    blocks, rows_per_group, groups = rowwise.column_row_groups(x.device, n_rows, n_cols, block, BWD_PROGRAMS_PER_SM)
+    dx = empty(x.shape, dtype=x.dtype, device=x.device)
+    sums = int(w is not None) + int(bias is not None)
+    partial = torch.empty((sums, groups, n_cols) if sums else (1, 1, 1), dtype=torch.float32, device=x.device)
+    launch(
+        LAYER_NORM_BWD_COLUMNS, (blocks, groups), g_rows.tensor, x_rows.tensor, w_ptr, dx, partial[0],
+        partial[sums - 1], stats, g_rows.stride, x_rows.stride, n_cols, n_rows, n_cols, rows_per_group,
+        HAS_WEIGHT=w is not None, HAS_BIAS=bias is not None, BLOCK_N=block, num_warps=warps,
+    )  # fmt: skip
+    return (dx, *_affine_grads(partial, sums, x, weight, bias))
 
 
 def _launch_backward(
@@ -306,6 +352,12 @@ layer_norm_backward = Op(
             LOOPED_CONFIGS,
             BWD_LOOPED_DEFAULT,
             BWD_PER_THREAD,
+        ),
+        rowwise.split_impl(
+            _launch_backward_split,
+            (LAYER_NORM_BWD_STATS, LAYER_NORM_BWD_COLUMNS),
+            _bwd_n_cols,
+            max_per_thread=BWD_PER_THREAD,
         ),
     ),
     bucket=lambda grad, x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),

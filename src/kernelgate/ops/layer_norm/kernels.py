@@ -230,6 +230,114 @@ def _layer_norm_bwd_kernel(
 
 
 @triton.jit
+def _layer_norm_bwd_row_stats(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, row, stride_dym, stride_xm, n_cols, eps, HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One row's statistics, streamed once, stored at stats_ptr + 5 * row: k_x, mean(x) - k_x, rstd, mean(g) and
+    mean(g * xhat) (g = dy * w).
+
+    Since xhat needs the mean before it is known, it keeps per lane running means of x - k_x and g - k_g (k the
+    means of the row's first block, as in the forward), the sum of squared deviations of x and the co-moment
+    sum((x - mean_x) * (g - mean_g)) (Welford's updates); sum(g * xhat) = rstd * co-moment.
+    """
+    lanes = tl.arange(0, BLOCK_N)
+    # How many elements of a row each lane sees.
+    count = tl.where(lanes < n_cols, (n_cols - lanes + BLOCK_N - 1) // BLOCK_N, 0).to(tl.float32)
+    mask = lanes < n_cols
+    x = tl.load(x_ptr + row * stride_xm + lanes, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(dy_ptr + row * stride_dym + lanes, mask=mask, other=0.0).to(tl.float32)
+    if HAS_WEIGHT:
+        g = g * tl.load(w_ptr + lanes, mask=mask, other=0.0).to(tl.float32)
+    k_x = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
+    k_g = tl.sum(g, axis=0) / tl.minimum(n_cols, BLOCK_N)
+    mean_x = tl.where(mask, x - k_x, 0.0)
+    mean_g = tl.where(mask, g - k_g, 0.0)
+    m2 = tl.zeros([BLOCK_N], tl.float32)
+    co = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(BLOCK_N, n_cols, BLOCK_N):
+        cols = start + lanes
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32) - k_x
+        g = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT:
+            g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        g = g - k_g
+        inv = 1.0 / (start // BLOCK_N + 1)
+        delta = tl.where(mask, x - mean_x, 0.0)
+        mean_x += delta * inv
+        mean_g += tl.where(mask, g - mean_g, 0.0) * inv
+        m2 += delta * (x - mean_x)
+        co += delta * (g - mean_g)
+    m0 = tl.sum(count * mean_x, axis=0) / n_cols
+    dev_x = tl.where(count > 0, mean_x - m0, 0.0)
+    shift = tl.sum(count * dev_x, axis=0) / n_cols
+    g0 = tl.sum(count * mean_g, axis=0) / n_cols
+    dev_g = tl.where(count > 0, mean_g - g0, 0.0)
+    shift_g = tl.sum(count * dev_g, axis=0) / n_cols
+    var = (tl.sum(m2, axis=0) + tl.sum(count * dev_x * dev_x, axis=0)) / n_cols - shift * shift
+    cov = (tl.sum(co, axis=0) + tl.sum(count * dev_x * dev_g, axis=0)) / n_cols - shift * shift_g
+    rstd = tl.rsqrt(tl.maximum(var, 0.0) + eps)
+    tl.store(stats_ptr + 5 * row, k_x)
+    tl.store(stats_ptr + 5 * row + 1, m0 + shift)
+    tl.store(stats_ptr + 5 * row + 2, rstd)
+    tl.store(stats_ptr + 5 * row + 3, k_g + (g0 + shift_g))
+    tl.store(stats_ptr + 5 * row + 4, cov * rstd)
+
+
+@triton.jit
+def _layer_norm_bwd_column_block(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    dx_ptr,
+    dw_ptr,
+    db_ptr,
+    stats_ptr,
+    stride_dym,
+    stride_xm,
+    stride_dxm,
+    n_cols,
+    start,
+    first,
+    last,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """dx of rows first..last-1 (in reverse, to meet what L2 still holds of the statistics pass) at columns
+    start..start+BLOCK_N-1, from the rows' statistics; their dw and db sums (float32) stored at dw_ptr + cols
+    and db_ptr + cols."""
+    cols = start + tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    db = tl.zeros([BLOCK_N], tl.float32)
+    for j in range(0, last - first):
+        row = last - 1 - j
+        k_x = tl.load(stats_ptr + 5 * row)
+        centre = tl.load(stats_ptr + 5 * row + 1)
+        rstd = tl.load(stats_ptr + 5 * row + 2)
+        mean_g = tl.load(stats_ptr + 5 * row + 3)
+        mean_gxhat = tl.load(stats_ptr + 5 * row + 4)
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
+        xhat = tl.where(mask, ((x - k_x) - centre) * rstd, 0.0)
+        g = dy * w if HAS_WEIGHT else dy
+        dx = (g - mean_g - xhat * mean_gxhat) * rstd
+        tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_WEIGHT:
+            dw += dy * xhat
+        if HAS_BIAS:
+            db += dy
+    if HAS_WEIGHT:
+        tl.store(dw_ptr + cols, dw, mask=mask)
+    if HAS_BIAS:
+        tl.store(db_ptr + cols, db, mask=mask)
+
+
+@triton.jit
 def _layer_norm_bwd_looped_kernel(
     dy_ptr,
     x_ptr,
@@ -256,88 +364,68 @@ def _layer_norm_bwd_looped_kernel(
     row's k_x, mean(x) - k_x, rstd, mean(g) and mean(g * xhat). Grid: (programs,); each program takes
     rows_per_program consecutive rows.
 
-    A first pass streams each row once. Since xhat needs the mean before it is known, it keeps per
-    lane running means of x and g, the sum of squared deviations of x and the co-moment
-    sum((x - mean_x) * (g - mean_g)) (Welford's updates); sum(g * xhat) = rstd * co-moment. A second
-    pass goes column block by column block over the program's rows (in reverse, to meet what L2
-    still holds), so each block's dw and db sums stay in registers and are stored once. dy and x are
-    read twice, dx written once.
+    A first pass streams each row once (``_layer_norm_bwd_row_stats``). A second pass goes column block by column
+    block over the program's rows (in reverse, to meet what L2 still holds), so each block's dw and db sums stay
+    in registers and are stored once. dy and x are read twice, dx written once.
     """
     pid = tl.program_id(0)
     first = pid * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
-    lanes = tl.arange(0, BLOCK_N)
-    # How many elements of a row each lane sees.
-    count = tl.where(lanes < n_cols, (n_cols - lanes + BLOCK_N - 1) // BLOCK_N, 0).to(tl.float32)
     for row in range(first, last):
-        # Statistics of x - k_x and g - k_g, k the means of the row's first block (as in the forward).
-        mask = lanes < n_cols
-        x = tl.load(x_ptr + row * stride_xm + lanes, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(dy_ptr + row * stride_dym + lanes, mask=mask, other=0.0).to(tl.float32)
-        if HAS_WEIGHT:
-            g = g * tl.load(w_ptr + lanes, mask=mask, other=0.0).to(tl.float32)
-        k_x = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
-        k_g = tl.sum(g, axis=0) / tl.minimum(n_cols, BLOCK_N)
-        mean_x = tl.where(mask, x - k_x, 0.0)
-        mean_g = tl.where(mask, g - k_g, 0.0)
-        m2 = tl.zeros([BLOCK_N], tl.float32)
-        co = tl.zeros([BLOCK_N], tl.float32)
-        for start in range(BLOCK_N, n_cols, BLOCK_N):
-            cols = start + lanes
-            mask = cols < n_cols
-            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32) - k_x
-            g = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-            if HAS_WEIGHT:
-                g = g * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            g = g - k_g
-            inv = 1.0 / (start // BLOCK_N + 1)
-            delta = tl.where(mask, x - mean_x, 0.0)
-            mean_x += delta * inv
-            mean_g += tl.where(mask, g - mean_g, 0.0) * inv
-            m2 += delta * (x - mean_x)
-            co += delta * (g - mean_g)
-        m0 = tl.sum(count * mean_x, axis=0) / n_cols
-        dev_x = tl.where(count > 0, mean_x - m0, 0.0)
-        shift = tl.sum(count * dev_x, axis=0) / n_cols
-        g0 = tl.sum(count * mean_g, axis=0) / n_cols
-        dev_g = tl.where(count > 0, mean_g - g0, 0.0)
-        shift_g = tl.sum(count * dev_g, axis=0) / n_cols
-        var = (tl.sum(m2, axis=0) + tl.sum(count * dev_x * dev_x, axis=0)) / n_cols - shift * shift
-        cov = (tl.sum(co, axis=0) + tl.sum(count * dev_x * dev_g, axis=0)) / n_cols - shift * shift_g
-        rstd = tl.rsqrt(tl.maximum(var, 0.0) + eps)
-        tl.store(stats_ptr + 5 * row, k_x)
-        tl.store(stats_ptr + 5 * row + 1, m0 + shift)
-        tl.store(stats_ptr + 5 * row + 2, rstd)
-        tl.store(stats_ptr + 5 * row + 3, k_g + (g0 + shift_g))
-        tl.store(stats_ptr + 5 * row + 4, cov * rstd)
+        _layer_norm_bwd_row_stats(
+            dy_ptr, x_ptr, w_ptr, stats_ptr, row, stride_dym, stride_xm, n_cols, eps, HAS_WEIGHT, BLOCK_N
+        )  # fmt: skip
     # Every thread of the program reads the statistics stored above.
     tl.debug_barrier()
     n_blocks = tl.cdiv(n_cols, BLOCK_N)
     for i in range(0, n_blocks):
-        cols = (n_blocks - 1 - i) * BLOCK_N + lanes
-        mask = cols < n_cols
-        if HAS_WEIGHT:
-            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        dw = tl.zeros([BLOCK_N], tl.float32)
-        db = tl.zeros([BLOCK_N], tl.float32)
-        for j in range(0, last - first):
-            row = last - 1 - j
-            k_x = tl.load(stats_ptr + 5 * row)
-            centre = tl.load(stats_ptr + 5 * row + 1)
-            rstd = tl.load(stats_ptr + 5 * row + 2)
-            mean_g = tl.load(stats_ptr + 5 * row + 3)
-            mean_gxhat = tl.load(stats_ptr + 5 * row + 4)
-            x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
-            xhat = tl.where(mask, ((x - k_x) - centre) * rstd, 0.0)
-            g = dy * w if HAS_WEIGHT else dy
-            dx = (g - mean_g - xhat * mean_gxhat) * rstd
-            tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-            if HAS_WEIGHT:
-                dw += dy * xhat
-            if HAS_BIAS:
-                db += dy
-        if HAS_WEIGHT:
-            tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
-        if HAS_BIAS:
-            tl.store(db_ptr + pid * n_cols + cols, db, mask=mask)
+        _layer_norm_bwd_column_block(
+            dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr + pid * n_cols, db_ptr + pid * n_cols, stats_ptr, stride_dym,
+            stride_xm, stride_dxm, n_cols, (n_blocks - 1 - i) * BLOCK_N, first, last, HAS_WEIGHT, HAS_BIAS, BLOCK_N,
+        )  # fmt: skip
+
+
+@triton.jit
+def _layer_norm_bwd_stats_kernel(
+    dy_ptr, x_ptr, w_ptr, stats_ptr, stride_dym, stride_xm, n_rows, n_cols, eps, rows_per_program,
+    HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The split backward's first kernel: each row's statistics into stats_ptr ((n_rows, 5) float32, as the looped
+    kernel's). Grid: (programs,), each over rows_per_program consecutive rows."""
+    pid = tl.program_id(0)
+    first = pid * rows_per_program
+    for row in range(first, tl.minimum(first + rows_per_program, n_rows)):
+        _layer_norm_bwd_row_stats(
+            dy_ptr, x_ptr, w_ptr, stats_ptr, row, stride_dym, stride_xm, n_cols, eps, HAS_WEIGHT, BLOCK_N
+        )  # fmt: skip
+
+
+@triton.jit
+def _layer_norm_bwd_columns_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    dx_ptr,
+    dw_ptr,
+    db_ptr,
+    stats_ptr,
+    stride_dym,
+    stride_xm,
+    stride_dxm,
+    n_rows,
+    n_cols,
+    rows_per_group,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The split backward's second kernel: dx, and the partial sums of dw and db ((groups, n_cols) float32 each),
+    from the statistics of the first. Grid: (column blocks, row groups); program (c, r) takes column block c of
+    the rows of group r (rows_per_group consecutive rows) and stores its sums in row r."""
+    group = tl.program_id(1)
+    first = group * rows_per_group
+    _layer_norm_bwd_column_block(
+        dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr + group * n_cols, db_ptr + group * n_cols, stats_ptr, stride_dym,
+        stride_xm, stride_dxm, n_cols, tl.program_id(0) * BLOCK_N, first, tl.minimum(first + rows_per_group, n_rows),
+        HAS_WEIGHT, HAS_BIAS, BLOCK_N,
+    )  # fmt: skip

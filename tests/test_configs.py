@@ -394,3 +394,17 @@ def test_split_backward_keeps_a_few_rows_of_partial_sums(monkeypatch: pytest.Mon
     assert impl.supports(*short) is not None and "shorter than" in impl.supports(*short)
     long = kernelgate.rms_norm_backward.make_inputs((2, SPLIT_MIN_COLS), torch.float32, torch.device("cpu"))
     assert impl.supports(*long) is None
+
+
+@pytest.mark.parametrize("op_name", sorted(SPLIT))
+def test_split_backward_tunes_four_to_eight_elements_a_thread(op_name: str) -> None:
+    """Tuning tries the split backward's configurations whose threads hold 4 to 8 elements of a block, the
+    only ones tuning chose on the H200: BLOCK_N 1024 with 4 or 8 warps, 2048 with 8 or 16, 4096 with 16."""
+    op = getattr(kernelgate, op_name)
+    impl = next(i for i in op.implementations if i.name == "split")
+    assert op.make_inputs is not None
+    values = op.make_inputs((2, 131072), torch.float32, torch.device("cpu"))
+    tried = {(c["BLOCK_N"], c["num_warps"]) for c in impl.candidate_configs(values) if c is not None}
+    assert tried == {(1024, 4), (1024, 8), (2048, 8), (2048, 16), (4096, 16)}
+    assert impl.default_config is not None
+    assert (impl.default_config["BLOCK_N"], impl.default_config["num_warps"]) in tried

@@ -43,6 +43,7 @@ __all__ = [
     "SPLIT_CONFIGS",
     "SPLIT_DEFAULT",
     "SPLIT_MIN_COLS",
+    "SPLIT_PER_THREAD",
     "along_dim_backward_impls",
     "along_dim_bucket",
     "along_dim_impls",
@@ -103,6 +104,10 @@ LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8}
 # The split backward (split_impl): for rows of at least SPLIT_MIN_COLS, where the looped backward's weight-gradient
 # partial sums, a row per program, come close to an input's size when the rows are few.
 SPLIT_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096), num_warps=(4, 8, 16))
+# Tuning tries those holding 4 to 8 elements of a block a thread (5 of the 9): on the H200 every one of the 23
+# buckets where tuning chose split, of rms_norm's, add_rms_norm's and layer_norm's backwards at rows of 16384 to
+# 131072, chose one of them (benchmarks/results/h200/split-backward-2c2c022/ and layer-norm-split-67ba0db-6bb833f/).
+SPLIT_PER_THREAD = (4, 8)
 SPLIT_DEFAULT: Config = {"BLOCK_N": 2048, "num_warps": 8}
 SPLIT_MIN_COLS = 8192
 
@@ -284,13 +289,11 @@ def split_impl(
     launcher: Callable[..., Any],
     kernels: tuple[LazyKernel, ...],
     n_cols: Callable[..., int],
-    *,
-    max_per_thread: int = MAX_PER_THREAD,
 ) -> TritonImpl:
     """The ``split`` implementation of a row-wise backward with a weight gradient, for rows of at least
     :data:`SPLIT_MIN_COLS`: one kernel takes each row's statistics, a second a column block of a group of rows
     (:func:`column_row_groups`), so that the weight gradient's partial sums are a few rows, not a row a program.
-    A configuration holds at most ``max_per_thread`` elements of a block a thread."""
+    Tuning tries the configurations whose threads hold :data:`SPLIT_PER_THREAD` elements of a block."""
 
     def supports(*args: Any) -> str | None:
         n = n_cols(*args)
@@ -308,7 +311,8 @@ def split_impl(
         configs=SPLIT_CONFIGS,
         default_config=SPLIT_DEFAULT,
         prune=lambda config, *args: (
-            prune_looped(config, n_cols(*args)) and config["BLOCK_N"] // (32 * config["num_warps"]) <= max_per_thread
+            prune_looped(config, n_cols(*args))
+            and SPLIT_PER_THREAD[0] <= config["BLOCK_N"] // (32 * config["num_warps"]) <= SPLIT_PER_THREAD[1]
         ),
     )
 

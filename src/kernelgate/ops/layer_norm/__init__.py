@@ -357,7 +357,6 @@ layer_norm_backward = Op(
             _launch_backward_split,
             (LAYER_NORM_BWD_STATS, LAYER_NORM_BWD_COLUMNS),
             _bwd_n_cols,
-            max_per_thread=BWD_PER_THREAD,
         ),
     ),
     bucket=lambda grad, x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),

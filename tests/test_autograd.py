@@ -353,13 +353,15 @@ def test_a_backward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_st
     kernelgate.configure(warn_fallback=False)
     _kernel_wins_tuning(monkeypatch)
     timed: list[str] = []
-    if function_faster:
 
-        def step_us(forward: Callable[..., object], *args: object) -> float:
-            timed.append("eager" if forward is kernelgate.softmax.reference else "function")
-            return 100.0 if forward is kernelgate.softmax.reference else 10.0
+    # Timed steps of fixed lengths: real timings of these CPU tensors depend on the host's load (on the GPU
+    # machine's 16 cores under 15 test workers, the case where eager autograd should win once kept the Function).
+    def step_us(forward: Callable[..., object], *args: object) -> float:
+        eager = forward is kernelgate.softmax.reference
+        timed.append("eager" if eager else "function")
+        return (100.0 if eager else 10.0) if function_faster else (10.0 if eager else 100.0)
 
-        monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
     x = torch.randn(3, 40, requires_grad=True)
     g = torch.randn(3, 40)
     (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
@@ -378,9 +380,8 @@ def test_a_backward_kernel_chosen_by_tuning_keeps_the_function_only_where_the_st
                 assert_close(torch.autograd.grad(y, x, g)[0], expected)
     finally:
         kernelgate.softmax.set_mode(None)
-    # Timed once per signature, in interleaved rounds (where it is really timed, the interpreted kernel's step is
-    # far slower than eager's).
-    assert timed == (["eager", "function"] * kernelgate.op.STEP_ROUTE_ROUNDS if function_faster else [])
+    # Timed once per signature, in interleaved rounds.
+    assert timed == ["eager", "function"] * kernelgate.op.STEP_ROUTE_ROUNDS
 
 
 @pytest.mark.parametrize("function_faster", [False, True])

@@ -386,6 +386,27 @@ def test_multi_dim_gradients(target: torch.device, affine: str) -> None:
     _check_grads(x, (6, 7), w, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("name", "config", "n"), [
+    ("single_block", {"ROWS": 2, "num_warps": 1, "PREFETCH": 0}, 300),
+    ("looped", SMALL_BLOCK, 300),
+    ("split", {"BLOCK_N": 1024, "num_warps": 4}, 8200),
+])  # fmt: skip
+def test_dweight_and_dbias_never_share_memory(
+    target: torch.device, dtype: torch.dtype, name: str, config: Config, n: int
+) -> None:
+    """Each backward's dweight and dbias are separate tensors in their parameters' dtype and shape, summed from
+    their own partial sums: a custom operator's outputs may not alias each other."""
+    x = _randn((3, n), dtype, target)
+    grad = _randn((3, n), dtype, target, seed=3)
+    w, b = _affine("weight-bias", (n,), dtype, target)
+    values = (grad, x, (n,), w, b, EPS)
+    dx, dw, db = _run(layer_norm_backward, name, config, *values)
+    assert dw.dtype == db.dtype == dtype and dw.shape == db.shape == (n,)
+    assert dw.untyped_storage().data_ptr() != db.untyped_storage().data_ptr()
+    _assert_backward_matches((dx, dw, db), values)
+
+
 def test_backward_returns_empty_tensors_for_missing_affine(target: torch.device) -> None:
     """layer_norm_backward returns empty dweight and dbias where weight and bias are None, as rms_norm_backward."""
     x = _randn((3, 10), torch.float32, target)

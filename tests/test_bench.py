@@ -875,7 +875,23 @@ def test_forward_backward_misses_name_the_path_the_steps_took(
     assert len(texts) == 3, texts
     suffix = f"its steps ran eager autograd of the reference ({eager_step.removeprefix('autograd step: eager: ')}), "
     assert all(f"; {suffix}so the step is eager's plus kernelgate's dispatch: +10.0 us" in t for t in texts), texts
+    kernels_clause = (
+        "; its own kernels, forward and backward called directly, took 40.0 us (triton:looped, 0.95 of copy): faster "
+        "than eager's step, so the Function's step lost that timing to its host time, not its kernels"
+    )
+    assert all(kernels_clause in t for t in texts), texts
     assert not any("most of the step is the autograd step" in t for t in texts)
+    # Kernels no faster than eager's step: the clause says so, and nothing of host time.
+    slow_kernels = dataclasses.replace(kernels, time_us=120.0, frac_of_copy=0.4)
+    texts = bench.misses([eager, ours, slow_kernels])
+    assert all("took 120.0 us (triton:looped, 0.40 of copy): no faster than eager's step" in t for t in texts), texts
+    assert not any("host time" in t for t in texts), texts
+    # Both passes ran the reference, untimed: no clause about the kernels.
+    untimed = (
+        "autograd step: eager: the forward and its backward both run the reference: eager autograd does the same work"
+    )
+    both_reference = dataclasses.replace(ours, note=f"{planned}; {untimed}")
+    assert not any("own kernels" in t for t in bench.misses([eager, both_reference, kernels]))
 
     function_step = "autograd step: function: timed once: a step through eager autograd 100.5 us, through "
     function_step += "kernelgate's Function 90.0 us (margin 5%)"

@@ -306,7 +306,7 @@ def _find_misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[_
         step = _step_path(ours.note) if direction == FORWARD_BACKWARD else None
         cause, clause = _own_kernel_cause(ours, by_impl) if direction == FORWARD else ("", "")
         if not cause and step is not None and step.path == "eager":
-            cause, clause = _eager_step_cause(ours, eager, step)
+            cause, clause = _eager_step_cause(ours, eager, step, by_impl)
         if not cause and direction == FORWARD_BACKWARD:
             cause, clause = _autograd_gap(ours, by_impl, floor)
         if not cause and (step is None or step.path == "eager"):  # a Function step ran no eager autograd
@@ -382,16 +382,33 @@ def _step_path(note: str) -> _StepPath | None:
     return _StepPath(found.group(1), found.group(2), float(times.group(1)), float(times.group(2)))
 
 
-def _eager_step_cause(ours: BenchRow, eager: BenchRow | None, step: _StepPath) -> tuple[str, str]:
+def _eager_step_cause(
+    ours: BenchRow, eager: BenchRow | None, step: _StepPath, by_impl: dict[str, BenchRow]
+) -> tuple[str, str]:
     """A forward+backward miss whose steps ran eager autograd of the reference: the step is eager's plus
-    kernelgate's dispatch (counted with the reference's cause)."""
+    kernelgate's dispatch (counted with the reference's cause). Where the step route timed the step both ways and the
+    case has ``triton:*`` rows (the forward, then the tuned backward, called directly), the fastest says whether the
+    kernels would have been faster: then the Function's step lost its timing to its host time, not its kernels."""
     if eager is None:
         return "", ""
     extra = effective_us(ours) - effective_us(eager)
-    return "reference", (
+    clause = (
         f"; its steps ran eager autograd of the reference ({step.detail}), so the step is eager's plus "
         f"kernelgate's dispatch: {extra:+.1f} us"
     )
+    kernels = [r for name, r in by_impl.items() if name.startswith("triton:") and not math.isnan(effective_us(r))]
+    if kernels and not math.isnan(step.function_us):  # a timed step (not one where both passes run the reference)
+        best = min(kernels, key=effective_us)
+        clause += (
+            f"; its own kernels, forward and backward called directly, took {effective_us(best):.1f} us ({best.impl}"
+            + (f", {best.frac_of_copy:.2f} of copy" if best.regime == "bandwidth" else "")
+            + (
+                "): faster than eager's step, so the Function's step lost that timing to its host time, not its kernels"
+                if effective_us(best) < effective_us(eager)
+                else "): no faster than eager's step"
+            )
+        )
+    return "reference", clause
 
 
 def _timed_function_cause(

@@ -135,6 +135,19 @@ def _launch_looped(
     return _run_forward(x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD_LOOPED, block, config, PREFETCH=prefetch)
 
 
+def _backward_operands(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> tuple[Rows, Rows, torch.Tensor | None]:
+    """A backward's rows of x and of grad, and the weight as a vector of unit stride (``None`` without one)."""
+    check_affine("layer_norm_backward", normalized_shape, weight, bias)
+    k = len(normalized_shape)
+    return _rows(x, k, "x"), _rows(grad, k, "grad"), _flat(weight)
+
+
 def _run_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -147,10 +160,7 @@ def _run_backward(
     block: int,
     config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    check_affine("layer_norm_backward", normalized_shape, weight, bias)
-    k = len(normalized_shape)
-    x_rows, g_rows = _rows(x, k, "x"), _rows(grad, k, "grad")
-    w = _flat(weight)
+    x_rows, g_rows, w = _backward_operands(grad, x, normalized_shape, weight, bias)
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
     per_sm = BWD_LOOPED_PROGRAMS_PER_SM if looped else BWD_PROGRAMS_PER_SM
     rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, per_sm, config)
@@ -203,10 +213,7 @@ def _launch_backward_split(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward in two kernels: each row's statistics, then dx and the partial sums of dweight and dbias by
     column blocks of row groups (:func:`kernelgate.rowwise.column_row_groups`), a few rows of partial sums."""
-    check_affine("layer_norm_backward", normalized_shape, weight, bias)
-    k = len(normalized_shape)
-    x_rows, g_rows = _rows(x, k, "x"), _rows(grad, k, "grad")
-    w = _flat(weight)
+    x_rows, g_rows, w = _backward_operands(grad, x, normalized_shape, weight, bias)
     w_ptr = x_rows.tensor if w is None else w
     n_rows, n_cols, block, warps = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"], config["num_warps"]
     stats = torch.empty((n_rows, STATS_PER_ROW), dtype=torch.float32, device=x.device)

@@ -13,6 +13,9 @@ cross-entropy loss over the vocabulary) two ways, with the same weights and batc
   (mode ``auto`` unless ``--mode`` says otherwise: each op's path and step route decided as a user's
   would be).
 
+With ``--norm layer_norm`` the norms are LayerNorms with a weight and a bias (``F.layer_norm`` against
+``kg.layer_norm``) instead of RMSNorms.
+
 A step is ``zero_grad``, the forward and ``loss.backward()``. After warm-up steps (tuning, the step
 routes' timing), ``--steps`` steps are issued back to back, then one synchronise, in ``--rounds``
 interleaved rounds; the host's time to issue them is reported beside the total. The two variants'
@@ -60,11 +63,15 @@ class Config:
 TINY = Config(dim=64, layers=2, heads=4, kv_heads=2, hidden=96, vocab=128, batch=2, seq=16)
 
 
+# A norm's call: (x, weight, bias or None, eps).
+Norm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
+
+
 @dataclass(frozen=True)
 class Ops:
     """The four ops a variant calls."""
 
-    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    norm: Norm
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     swiglu: Callable[[torch.Tensor], torch.Tensor]
     cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -75,31 +82,55 @@ def _torch_swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-VARIANTS = {
-    "torch": Ops(
-        rms_norm=lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
-        rotary=rotary_embedding_reference,
-        swiglu=_torch_swiglu,
-        cross_entropy=F.cross_entropy,
-    ),
-    "kernelgate": Ops(
-        rms_norm=kg.rms_norm,
-        rotary=kg.rotary_embedding,
-        swiglu=lambda gate_up: kg.swiglu(gate_up),
-        cross_entropy=kg.cross_entropy,
-    ),
+# Each variant's norms, by --norm.
+NORMS: dict[str, dict[str, Norm]] = {
+    "rms_norm": {
+        "torch": lambda x, w, b, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
+        "kernelgate": lambda x, w, b, eps: kg.rms_norm(x, w, eps),
+    },
+    "layer_norm": {
+        "torch": lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps),
+        "kernelgate": lambda x, w, b, eps: kg.layer_norm(x, (x.shape[-1],), w, b, eps),
+    },
 }
 
 
+def variants(norm: str) -> dict[str, Ops]:
+    """The two variants, with ``norm``'s norms (a key of :data:`NORMS`)."""
+    return {
+        "torch": Ops(
+            norm=NORMS[norm]["torch"],
+            rotary=rotary_embedding_reference,
+            swiglu=_torch_swiglu,
+            cross_entropy=F.cross_entropy,
+        ),
+        "kernelgate": Ops(
+            norm=NORMS[norm]["kernelgate"],
+            rotary=kg.rotary_embedding,
+            swiglu=lambda gate_up: kg.swiglu(gate_up),
+            cross_entropy=kg.cross_entropy,
+        ),
+    }
+
+
+VARIANTS = variants("rms_norm")
+
+
+def _norm_bias(cfg: Config, bias: bool) -> torch.nn.Parameter | None:
+    return torch.nn.Parameter(torch.zeros(cfg.dim)) if bias else None
+
+
 class Block(torch.nn.Module):
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, bias: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         head_dim = cfg.dim // cfg.heads
         self.attn_norm = torch.nn.Parameter(torch.ones(cfg.dim))
+        self.attn_norm_bias = _norm_bias(cfg, bias)
         self.qkv = torch.nn.Linear(cfg.dim, (cfg.heads + 2 * cfg.kv_heads) * head_dim, bias=False)
         self.out = torch.nn.Linear(cfg.heads * head_dim, cfg.dim, bias=False)
         self.mlp_norm = torch.nn.Parameter(torch.ones(cfg.dim))
+        self.mlp_norm_bias = _norm_bias(cfg, bias)
         self.gate_up = torch.nn.Linear(cfg.dim, 2 * cfg.hidden, bias=False)
         self.down = torch.nn.Linear(cfg.hidden, cfg.dim, bias=False)
 
@@ -107,7 +138,7 @@ class Block(torch.nn.Module):
         cfg = self.cfg
         batch, seq, _ = x.shape
         head_dim = cfg.dim // cfg.heads
-        h = ops.rms_norm(x, self.attn_norm, cfg.eps)
+        h = ops.norm(x, self.attn_norm, self.attn_norm_bias, cfg.eps)
         qkv = self.qkv(h).view(batch, seq, cfg.heads + 2 * cfg.kv_heads, head_dim)
         q, k, v = qkv.split((cfg.heads, cfg.kv_heads, cfg.kv_heads), dim=2)
         q, k = ops.rotary(q, k, cos, sin)
@@ -115,17 +146,19 @@ class Block(torch.nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
         )
         x = x + self.out(attn.transpose(1, 2).reshape(batch, seq, cfg.heads * head_dim))
-        h = ops.rms_norm(x, self.mlp_norm, cfg.eps)
+        h = ops.norm(x, self.mlp_norm, self.mlp_norm_bias, cfg.eps)
         return x + self.down(ops.swiglu(self.gate_up(h)))
 
 
 class Decoder(torch.nn.Module):
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, bias: bool = False) -> None:
+        """``bias``: the norms have a bias (LayerNorm) as well as a weight."""
         super().__init__()
         self.cfg = cfg
         self.embed = torch.nn.Embedding(cfg.vocab, cfg.dim)
-        self.blocks = torch.nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.blocks = torch.nn.ModuleList(Block(cfg, bias) for _ in range(cfg.layers))
         self.norm = torch.nn.Parameter(torch.ones(cfg.dim))
+        self.norm_bias = _norm_bias(cfg, bias)
         self.head = torch.nn.Linear(cfg.dim, cfg.vocab, bias=False)
         half = cfg.dim // cfg.heads // 2
         angles = torch.outer(torch.arange(cfg.seq, dtype=torch.float32), 10000.0 ** (-torch.arange(half) / half))
@@ -136,7 +169,7 @@ class Decoder(torch.nn.Module):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, self.cos, self.sin, ops)
-        logits = self.head(ops.rms_norm(x, self.norm, self.cfg.eps))
+        logits = self.head(ops.norm(x, self.norm, self.norm_bias, self.cfg.eps))
         return ops.cross_entropy(logits.view(-1, self.cfg.vocab), targets.view(-1))
 
 
@@ -159,7 +192,7 @@ def _steps(model: Decoder, batch: tuple[torch.Tensor, torch.Tensor], ops: Ops, n
     return (issued - start) / n * 1e3, (end - start) / n * 1e3
 
 
-def _step_routes(model: Decoder, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, str]:
+def _step_routes(model: Decoder, batch: tuple[torch.Tensor, torch.Tensor], norm: str) -> dict[str, str]:
     """How kernelgate's autograd calls ran in the timed steps, per op and input shape: through its Function or eager
     autograd of the reference, and why (``Op.step_route``), read from the calls of one more step."""
     calls: dict[str, tuple[kg.Op, tuple[Any, ...]]] = {}
@@ -172,8 +205,13 @@ def _step_routes(model: Decoder, batch: tuple[torch.Tensor, torch.Tensor]) -> di
 
         return call
 
+    norm_op = recorded(getattr(kg, norm))
     ops = Ops(
-        rms_norm=recorded(kg.rms_norm),
+        norm=(
+            (lambda x, w, b, eps: norm_op(x, (x.shape[-1],), w, b, eps))
+            if norm == "layer_norm"
+            else (lambda x, w, b, eps: norm_op(x, w, eps))
+        ),
         rotary=recorded(kg.rotary_embedding),
         swiglu=recorded(kg.swiglu),
         cross_entropy=recorded(kg.cross_entropy),
@@ -198,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--tiny", action="store_true", help="a two-layer model of width 64 (a smoke run)")
+    parser.add_argument(
+        "--norm", default="rms_norm", choices=sorted(NORMS), help="the model's norms (default rms_norm, as Llama's)"
+    )
     parser.add_argument("--layers", type=int, help="override the number of layers")
     parser.add_argument("--seq", type=int, help="override the sequence length")
     parser.add_argument("--steps", type=int, default=20, help="steps a round (default 20)")
@@ -235,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     kg.configure(mode=args.mode)
     torch.autograd.set_multithreading_enabled(not args.no_autograd_threads)
     torch.manual_seed(0)
-    model = Decoder(cfg).to(device=device, dtype=dtype)
+    model = Decoder(cfg, bias=args.norm == "layer_norm").to(device=device, dtype=dtype)
+    # VARIANTS is rms_norm's (a test replaces an op in it).
+    chosen = VARIANTS if args.norm == "rms_norm" else variants(args.norm)
     model.cos, model.sin = model.cos.to(device), model.sin.to(device)  # float32 angles
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(cfg.vocab, (cfg.batch, cfg.seq), generator=generator).to(device)
@@ -243,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = (tokens, targets)
 
     checks: dict[str, dict[str, float]] = {}
-    for name, ops in VARIANTS.items():
+    for name, ops in chosen.items():
         for _ in range(args.warmup):  # tuning, the step routes' timing, allocator warm-up
             model.zero_grad(set_to_none=True)
             loss = model.loss(*batch, ops)
@@ -253,9 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
     agree = all(abs(ours[k] - reference[k]) <= tolerance * abs(reference[k]) for k in reference)
 
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in chosen}
     for _ in range(args.rounds):
-        for name, ops in VARIANTS.items():
+        for name, ops in chosen.items():
             times[name].append(_steps(model, batch, ops, args.steps))
     summary: dict[str, Any] = {}
     for name, rounds in times.items():
@@ -267,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": [[round(i, 3), round(t, 3)] for i, t in rounds],
             "tokens_per_s_median": round(cfg.batch * cfg.seq / statistics.median(totals) * 1e3, 1),
         }
-    routes = _step_routes(model, batch)
+    routes = _step_routes(model, batch, args.norm)
     ratio = summary["torch"]["ms_per_step_median"] / summary["kernelgate"]["ms_per_step_median"]
     result = {
         "benchmark": "a decoder's training step (zero_grad, forward, backward): eager torch against kernelgate's ops",
@@ -278,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype,
         "autograd_threads": not args.no_autograd_threads,
         "kernelgate_mode": args.mode,
+        "norm": args.norm,
         "checks": checks,
         "checks_agree": agree,
         "variants": summary,

@@ -56,3 +56,22 @@ def test_a_kernelgate_variant_that_disagrees_with_torch_fails_the_run(
     args = ["--device", "cpu", "--tiny", "--steps", "1", "--rounds", "1", "--warmup", "1", "--mode", "reference"]
     assert model_step.main([*args, "--out", str(out)]) == 1
     assert json.loads(out.read_text())["checks_agree"] is False
+
+
+def test_the_decoder_with_layer_norms_runs_kernelgates_layer_norm(model_step: ModuleType, tmp_path: Path) -> None:
+    """With --norm layer_norm the norms are LayerNorms with a bias, F.layer_norm against kg.layer_norm: in mode
+    triton the kernelgate variant's layer_norm runs its kernels, and the two variants agree."""
+    out = tmp_path / "model-step.json"
+    args = ["--device", "cpu", "--tiny", "--steps", "1", "--rounds", "1", "--warmup", "2", "--mode", "triton"]
+    kernelgate.configure(tune=False)
+    with kernelgate.use_interpreter():
+        assert model_step.main([*args, "--norm", "layer_norm", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["checks_agree"] is True and result["norm"] == "layer_norm"
+    assert {key.split()[0] for key in result["step_routes"]} == {
+        "layer_norm",
+        "rotary_embedding",
+        "swiglu",
+        "cross_entropy",
+    }
+    assert all(route.startswith("function: mode triton") for route in result["step_routes"].values()), result

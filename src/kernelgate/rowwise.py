@@ -285,11 +285,7 @@ def looped_impl(
     )
 
 
-def split_impl(
-    launcher: Callable[..., Any],
-    kernels: tuple[LazyKernel, ...],
-    n_cols: Callable[..., int],
-) -> TritonImpl:
+def split_impl(launcher: Callable[..., Any], kernels: tuple[LazyKernel, ...], n_cols: Callable[..., int]) -> TritonImpl:
     """The ``split`` implementation of a row-wise backward with a weight gradient, for rows of at least
     :data:`SPLIT_MIN_COLS`: one kernel takes each row's statistics, a second a column block of a group of rows
     (:func:`column_row_groups`), so that the weight gradient's partial sums are a few rows, not a row a program.

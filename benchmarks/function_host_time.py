@@ -88,7 +88,8 @@ def main() -> None:
     selection.time_us = lambda fn, device, *, screen=False: (  # type: ignore[assignment]
         1.0 if isinstance(fn, functools.partial) else real_time_us(fn, device, screen=screen)
     )
-    kernelgate.op.time_autograd_step = lambda forward, *a: 100.0 if "reference" in repr(forward) else 10.0  # type: ignore[assignment]
+    references = {getattr(kernelgate, name).reference for name in args.op}
+    kernelgate.op.time_autograd_step = lambda forward, *a: 100.0 if forward in references else 10.0  # type: ignore[assignment]
     results = []
     for name in args.op:
         ours, torchs, values = _cases(rows, cols)[name]

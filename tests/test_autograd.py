@@ -513,6 +513,100 @@ def test_the_step_timing_keeps_the_fastest_round_of_each_and_reports_the_spread(
     assert "rounds: eager 100.0 to 120.0 us, the Function 90.0 to 200.0 us" in route.detail, route.detail
 
 
+def _back_to_back(monkeypatch: pytest.MonkeyPatch, eager_us: float, function_us: float) -> None:
+    """Steps back to back time ``eager_us`` through eager autograd and ``function_us`` through the Function."""
+
+    def step_us(forward: Callable[..., object], *args: object) -> float:
+        return eager_us if forward is kernelgate.softmax.reference else function_us
+
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
+
+
+def test_eager_autograd_winning_back_to_back_on_a_cpu_is_not_timed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU the host's time is the step's time, so a step where eager autograd wins back to back is not timed
+    again for the device's time: eager autograd runs."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    _back_to_back(monkeypatch, 100.0, 101.0)
+
+    def never(*args: object) -> float:
+        raise AssertionError("a CPU step has no separate device time")
+
+    monkeypatch.setattr(kernelgate.op, "device_step_us", never)
+    route = _softmax_step_route_after_timing()
+    assert route.path == "eager", route
+    assert "on the device" not in route.detail, route.detail
+
+
+@pytest.mark.parametrize(
+    ("back_to_back", "device", "eager"),
+    [
+        # eager's step back to back is its device time (within STEP_DEVICE_BOUND), and the Function's device
+        # time is shorter by the step margin: the Function.
+        ((120.0, 400.0), (100.0, 60.0), False),
+        # ... shorter, but not by the step margin: eager autograd.
+        ((120.0, 400.0), (100.0, 97.0), True),
+        # eager's step back to back is the host's time (more than STEP_DEVICE_BOUND over its device time): the
+        # steps back to back decide, however much shorter the Function's device time.
+        ((130.0, 400.0), (100.0, 30.0), True),
+    ],
+)
+def test_the_devices_time_decides_where_eager_autograds_step_is_the_devices_time(
+    monkeypatch: pytest.MonkeyPatch,
+    back_to_back: tuple[float, float],
+    device: tuple[float, float],
+    eager: bool,
+) -> None:
+    """Op._eager_step_wins_on_the_device, with both steps' device times given: the fastest of STEP_DEVICE_ROUNDS
+    interleaved rounds of each, the GPU held STEP_HOLD_FACTOR times the slower step back to back before each."""
+    assert kernelgate.op.STEP_DEVICE_BOUND == 0.25
+    kernelgate.configure(warn_fallback=False)
+    op = kernelgate.softmax
+    function_step = lambda *v: op.reference(*v)  # stands for the Function's step: told apart by identity below
+    timed: list[tuple[str, float]] = []
+
+    def device_us(forward: Callable[..., object], *args: object) -> float:
+        which = "eager" if forward is op.reference else "function"
+        timed.append((which, float(args[-1])))  # type: ignore[arg-type]
+        # a slower second round of each: the fastest counts
+        return device[which == "function"] * (1.0 if len(timed) <= 2 else 1.5)
+
+    monkeypatch.setattr(kernelgate.op, "device_step_us", device_us)
+    route = kernelgate.op._Route("softmax", kernelgate.softmax.plan(torch.randn(3, 40), -1))
+    route.step_detail = "timed once"
+    x = torch.randn(3, 40, requires_grad=True)
+    got = op._eager_step_wins_on_the_device((x, -1), [x], x.device, route, (op.reference, function_step), back_to_back)
+    assert got is eager, route.step_detail
+    hold = kernelgate.op.STEP_HOLD_FACTOR * max(back_to_back)
+    assert timed == [("eager", hold), ("function", hold)] * kernelgate.op.STEP_DEVICE_ROUNDS
+    assert f"eager autograd {device[0]:.1f} us a step, the Function {device[1]:.1f} us" in route.step_detail
+    decides = "the device's time decides" if back_to_back[0] <= device[0] * 1.25 else "the steps back to back decide"
+    assert decides in route.step_detail, route.step_detail
+
+
+@pytest.mark.gpu
+def test_a_step_whose_eager_autograd_is_the_devices_time_keeps_the_function_with_less_device_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """softmax float32 at 8192x2048 on the GPU, eager autograd winning back to back (times given, eager's at 1 us so
+    that its step is surely within STEP_DEVICE_BOUND of its device time): the devices' times are measured, with
+    the GPU held while the host issues each step. The kernels' step reads and writes about half of what eager
+    autograd's does, so the Function is kept, with both device times in the detail."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    _back_to_back(monkeypatch, 1.0, 1.0)
+    x = torch.randn(8192, 2048, device="cuda", requires_grad=True)
+    torch.autograd.grad(kernelgate.softmax(x, -1), x, torch.randn_like(x))
+    kernelgate.softmax(x, -1)  # timed here
+    route = kernelgate.softmax.step_route(x, -1)
+    assert "the device's time decides" in route.detail, route.detail
+    eager_device, function_device = (
+        float(part.split(" us")[0].split()[-1]) for part in route.detail.split("host's time hidden: ")[1].split(", ")
+    )
+    assert function_device * (1 - kernelgate.op.STEP_MARGIN) < eager_device, route.detail
+    assert route.path == "function", route
+
+
 STEP_ROUTE_OPS = [
     "softmax",
     "log_softmax",

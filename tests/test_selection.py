@@ -906,6 +906,27 @@ def test_an_autograd_step_is_timed_back_to_back_per_step() -> None:
     assert x.grad is None, "the step returns gradients; it does not accumulate into .grad"
 
 
+@pytest.mark.gpu
+def test_a_steps_device_time_leaves_out_the_hosts_time_to_issue_it() -> None:
+    """device_step_us holds the GPU while the host issues each step, so a step whose host time is 2 ms of Python
+    but whose device work is one small kernel each way times far under 2 ms; back to back, the same step takes
+    the host's 2 ms."""
+    from kernelgate import selection
+
+    x = torch.randn(64, 64, device="cuda", requires_grad=True)
+
+    def slow_host_square(t: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.002)
+        return t * t
+
+    device = torch.device("cuda")
+    back_to_back = selection.time_autograd_step(slow_host_square, (x,), [x], device)
+    held = selection.device_step_us(slow_host_square, (x,), [x], device, hold_us=6000.0)
+    assert back_to_back >= 2000, back_to_back
+    assert held < 500, (held, "the host's 2 ms counted as device time")
+    assert x.grad is None
+
+
 def _softmax_backward_rounding_products(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """PyTorch's CUDA softmax backward in bfloat16 (what the reference runs on a GPU): each ``grad * y`` rounded to
     bfloat16 by a kernel of its own, then ``tmp - y * sum(tmp)`` in float32, rounded once."""

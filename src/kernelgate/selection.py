@@ -249,14 +249,11 @@ def time_us(fn: Callable[[], object], device: torch.device, *, screen: bool = Fa
     return statistics.median(times)
 
 
-def time_autograd_step(
-    forward: Callable[..., Any], inputs: tuple[Any, ...], wanted: Sequence[torch.Tensor], device: torch.device
-) -> float:
-    """What one forward+backward step costs in a training loop, in microseconds: after one step to warm up,
-    STEP_CALLS steps issued back to back, then one synchronise, per step. A step is ``forward(*inputs)`` then
-    ``torch.autograd.grad`` of its outputs that require grad, with respect to ``wanted``, for incoming gradients
-    of ones. Back to back, the host issues the next step while the device runs this one, so the time is the
-    larger of the two, as in training (L2 is not flushed between steps there either)."""
+def autograd_step(
+    forward: Callable[..., Any], inputs: tuple[Any, ...], wanted: Sequence[torch.Tensor]
+) -> Callable[[], object]:
+    """One forward+backward step, as a function: ``forward(*inputs)`` then ``torch.autograd.grad`` of its outputs
+    that require grad, with respect to ``wanted``, for incoming gradients of ones (made once, here)."""
     outputs = [t for t in output_tensors(forward(*inputs)) if t.requires_grad]
     grads = [torch.ones_like(t) for t in outputs]
     del outputs  # their graph and saved tensors are not held while the steps run
@@ -265,8 +262,67 @@ def time_autograd_step(
         outs = [t for t in output_tensors(forward(*inputs)) if t.requires_grad]
         return torch.autograd.grad(outs, wanted, grads, allow_unused=True)
 
+    return step
+
+
+def time_autograd_step(
+    forward: Callable[..., Any], inputs: tuple[Any, ...], wanted: Sequence[torch.Tensor], device: torch.device
+) -> float:
+    """What one forward+backward step (:func:`autograd_step`) costs in a training loop, in microseconds: after one
+    step to warm up, STEP_CALLS steps issued back to back, then one synchronise, per step. Back to back, the host
+    issues the next step while the device runs this one, so the time is the larger of the two, as in training (L2
+    is not flushed between steps there either)."""
+    step = autograd_step(forward, inputs, wanted)
     step()
     return per_call_us(step, device, STEP_CALLS)
+
+
+def device_step_us(
+    forward: Callable[..., Any],
+    inputs: tuple[Any, ...],
+    wanted: Sequence[torch.Tensor],
+    device: torch.device,
+    hold_us: float,
+) -> float:
+    """The device's time for one forward+backward step (:func:`autograd_step`) on a CUDA GPU, in microseconds: the
+    median of STEP_CALLS steps, each issued while the GPU is held busy for ``hold_us`` and timed by events around
+    it. With a hold longer than the host takes to issue the step, the host's time is not counted: what the step
+    costs where other work keeps the GPU busy while the host issues it, as in a model."""
+    step = autograd_step(forward, inputs, wanted)
+    step()
+    cycles = round(hold_us * spin_cycles_per_us(device))
+    starts = [timing_event() for _ in range(STEP_CALLS)]
+    ends = [timing_event() for _ in range(STEP_CALLS)]
+    for first, last in zip(starts, ends, strict=True):
+        spin(cycles)
+        first.record()
+        step()
+        last.record()
+    synchronize(device)
+    return float(statistics.median(first.elapsed_time(last) for first, last in zip(starts, ends, strict=True))) * 1e3
+
+
+@functools.cache
+def spin_cycles_per_us(device: torch.device) -> float:
+    """How many of :func:`spin`'s cycles the GPU spins per microsecond (measured once per device)."""
+    start, end = timing_event(), timing_event()
+    cycles = 2_000_000
+    spin(cycles)  # the first call may include a module load
+    start.record()
+    spin(cycles)
+    end.record()
+    synchronize(device)
+    return cycles / (float(start.elapsed_time(end)) * 1e3)
+
+
+def timing_event() -> torch.cuda.Event:
+    """A CUDA event that records time."""
+    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+
+
+def spin(cycles: int) -> None:
+    """Keep the current stream's GPU busy for about ``cycles`` clock cycles."""
+    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
 
 
 def per_call_us(fn: Callable[[], object], device: torch.device, calls: int) -> float:

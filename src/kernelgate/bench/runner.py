@@ -45,7 +45,16 @@ from kernelgate.config import Config
 from kernelgate.dispatch import use_interpreter, use_mode
 from kernelgate.errors import KernelgateWarning
 from kernelgate.op import Op, TritonImpl, get_op, registered_ops
-from kernelgate.selection import CandidateResult, output_tensors, per_call_us, run_candidate, synchronize
+from kernelgate.selection import (
+    CandidateResult,
+    output_tensors,
+    per_call_us,
+    run_candidate,
+    spin,
+    spin_cycles_per_us,
+    synchronize,
+    timing_event,
+)
 from kernelgate.settings import configure, settings
 
 __all__ = ["DEFAULT_HOLD_US", "TIME_LIMIT_NOTE", "resolve_ops", "run"]
@@ -222,7 +231,7 @@ def _device_time_us(fn: Callable[[], object], device: torch.device, timing: _Tim
     cache = driver.get_empty_cache_for_benchmark()
     fn()
     synchronize(device)
-    start, end = _timing_event(), _timing_event()
+    start, end = timing_event(), timing_event()
     start.record()
     issue_s = []
     for _ in range(5):
@@ -236,14 +245,14 @@ def _device_time_us(fn: Callable[[], object], device: torch.device, timing: _Tim
     hold_us = _hold_us(timing.hold_us, statistics.median(issue_s) * 1e6)
     warmups = max(1, int(timing.warmup_ms / estimate_ms))
     calls = max(1, int(timing.rep_ms / (estimate_ms + hold_us * 1e-3)))
-    cycles = round(hold_us * _sleep_cycles_per_us(device))
-    starts = [_timing_event() for _ in range(calls)]
-    ends = [_timing_event() for _ in range(calls)]
+    cycles = round(hold_us * spin_cycles_per_us(device))
+    starts = [timing_event() for _ in range(calls)]
+    ends = [timing_event() for _ in range(calls)]
     for _ in range(warmups):
         fn()
     for first, last in zip(starts, ends, strict=True):
         driver.clear_cache(cache)
-        _spin(cycles)
+        spin(cycles)
         first.record()
         fn()
         last.record()
@@ -255,28 +264,6 @@ def _hold_us(least_us: float, issue_us: float) -> float:
     """The GPU's hold before a timed call: ``least_us``, or HOLD_PER_ISSUE times the call's host issue time where
     that is longer, at most MAX_HOLD_US (and never less than ``least_us``)."""
     return max(least_us, min(HOLD_PER_ISSUE * issue_us, MAX_HOLD_US))
-
-
-@functools.cache
-def _sleep_cycles_per_us(device: torch.device) -> float:
-    """How many of :func:`_spin`'s cycles the GPU spins per microsecond (measured once per device)."""
-    start, end = _timing_event(), _timing_event()
-    cycles = 2_000_000
-    _spin(cycles)  # the first call may include a module load
-    start.record()
-    _spin(cycles)
-    end.record()
-    synchronize(device)
-    return cycles / (float(start.elapsed_time(end)) * 1e3)
-
-
-def _timing_event() -> torch.cuda.Event:
-    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-
-
-def _spin(cycles: int) -> None:
-    """Keep the current stream's GPU busy for about ``cycles`` clock cycles."""
-    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
 
 
 def _peak_mib(fn: Callable[[], object], device: torch.device) -> float:

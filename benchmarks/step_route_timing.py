@@ -77,7 +77,7 @@ def main() -> None:
         cases.append(case)
         print(
             f"{args.op} {shape} {args.dtype}: route {first.path}; median of {args.repeats} timings: eager "
-            f"{case['median_eager_us']:.1f} us, the Function {case['median_function_us']:.1f} us"
+            f"{case['median_eager_us']:.1f} us, the Function {case['median_function_us']:.1f} us\n  {first.detail}"
         )
     write_json(args.out, {"provenance": provenance(device), "op": args.op, "dtype": args.dtype, "cases": cases})
 

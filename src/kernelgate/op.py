@@ -621,8 +621,10 @@ class Op:
         H200's host a Function step costs 250 to 600 us of host time (rms_norm forward+backward at 64x4096:
         592 us through the Function against 148 for eager autograd; layer_norm float32 at 8192x1024, its
         forward planned to a kernel: 991 against 129). Where the kernels' device time is the larger, the
-        Function wins the timing and keeps them. A backward in mode ``triton`` keeps the Function, as asked;
-        a forward in mode ``triton`` never gets here (:meth:`forward_route`).
+        Function wins the timing and keeps them; on a GPU, where eager autograd's step is mostly the device's
+        time, the device's time per step decides (:meth:`_eager_step_wins_on_the_device`). A backward in mode
+        ``triton`` keeps the Function, as asked; a forward in mode ``triton`` never gets here
+        (:meth:`forward_route`).
         """
         verdict = self._step_verdict(route)
         if verdict is _StepVerdict.TIME:

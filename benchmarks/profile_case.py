@@ -8,7 +8,9 @@ case of the bench's suite (the same argument maker as ``kernelgate bench``) two 
 - ``kernelgate``: the op as a user calls it (forward+backward: through autograd);
 - ``ops``: forward+backward without autograd, the op's forward (or its Backward's ``forward`` with
   statistics) then the declared backward, as kernelgate's ``autograd.Function`` runs them; forward:
-  the op again (the pair then measures the profiler's noise).
+  the op again (the pair then measures the profiler's noise);
+- ``liger`` (with ``--liger``, where Liger-Kernel is installed and has the op): Liger-Kernel's op as the
+  bench calls it, through autograd for forward+backward, to see which of its kernels are faster.
 
 For each: the time per step with a synchronise after each step and back to back, then a profile of
 ``--steps`` steps: each device kernel (launches, device µs) and each CUDA API call (calls, host µs).
@@ -41,12 +43,15 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _steps(
-    op_name: str, args: tuple[Any, ...], grad_args: tuple[int, ...], backward: bool
+    op_name: str, args: tuple[Any, ...], grad_args: tuple[int, ...], backward: bool, peer: Callable[..., Any] | None
 ) -> dict[str, Callable[[], Any]]:
-    """The two ways of running the case, each a step function."""
+    """The ways of running the case, each a step function: kernelgate, its ops, and ``peer`` where given (a callable
+    with the op's arguments, Liger-Kernel's as the bench makes it)."""
     op = get_op(op_name)
     if not backward:
-        return {"kernelgate": lambda: op(*args), "ops": lambda: op(*args)}
+        return {"kernelgate": lambda: op(*args), "ops": lambda: op(*args)} | (
+            {"liger": lambda: peer(*args)} if peer is not None else {}
+        )
     declared = op.backward
     if declared is None:
         raise SystemExit(f"{op_name} declares no backward op: its gradient is autograd of the reference")
@@ -61,8 +66,8 @@ def _steps(
     grad: Any = grads[0] if len(grads) == 1 else tuple(grads)
     plain = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
 
-    def through_autograd() -> Any:
-        outs = [t for t in _tensors(op(*leaves)) if t.requires_grad]
+    def through_autograd(fn: Callable[..., Any] = op) -> Any:
+        outs = [t for t in _tensors(fn(*leaves)) if t.requires_grad]
         return torch.autograd.grad(outs, wrt, grads, allow_unused=True)
 
     def ops_only() -> Any:
@@ -75,7 +80,10 @@ def _steps(
                 output, kept = op(*plain), ()
             return declared.grads((*declared.save(plain, output), *kept), grad)
 
-    return {"kernelgate": through_autograd, "ops": ops_only}
+    steps: dict[str, Callable[[], Any]] = {"kernelgate": through_autograd, "ops": ops_only}
+    if peer is not None:
+        steps["liger"] = lambda: through_autograd(peer)
+    return steps
 
 
 def _time_us(step: Callable[[], Any], device: torch.device, steps: int) -> tuple[float, float]:
@@ -129,6 +137,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--direction", default="forward", choices=("forward", "forward+backward"))
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--liger", action="store_true", help="profile Liger-Kernel's op too, where it has one")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -137,7 +146,8 @@ def main() -> int:
     kernelgate.configure(warn_fallback=False)
     torch.manual_seed(0)
     case_args = spec.make_args(shape, getattr(torch, args.dtype), device)
-    steps = _steps(args.op, case_args, spec.grad_args, args.direction == "forward+backward")
+    peer = spec.liger(case_args) if args.liger and spec.liger is not None else None
+    steps = _steps(args.op, case_args, spec.grad_args, args.direction == "forward+backward", peer)
     rows = []
     for name, step in steps.items():
         for _ in range(3):  # tuning, compiling, the eager-autograd decision

@@ -1,0 +1,116 @@
+"""The norms' backward at its tuned implementation, with fewer or more programs per multiprocessor.
+
+A norm's backward writes float32 partial sums of its weight's gradient (layer_norm: and its bias's), a row of
+``n_cols`` a program (single-block and looped) or a row group (split), which torch then sums over the rows. On
+the H200, layer_norm float32 at 4096x8192 spent 41.6 us a step in those two sums (528 rows of 8192) against
+114.5 in its backward kernel, where Liger-Kernel's 132 rows took 9.8 (``results/h200/profile-misses-0db8ffc/``).
+This times, for each case, the backward op's tuned launcher with ``BWD_PROGRAMS_PER_SM`` (the op module's
+constant) at each of ``--per-sm``, and the partial sums' ``sum(dim=0)`` alone at each row count, so the
+kernel's cost and the sums' can be told apart. Writes JSON with provenance.
+
+    python benchmarks/backward_programs.py --out programs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from provenance import provenance, write_json  # benchmarks/provenance.py, beside this script
+from triton.testing import do_bench
+
+import kernelgate
+from kernelgate.op import get_op
+
+CASES = (
+    "layer_norm:262144x128:float32",
+    "layer_norm:32768x1024:float32",
+    "layer_norm:16384x2048:float32",
+    "layer_norm:8192x4096:float32",
+    "layer_norm:4096x8192:float32",
+    "layer_norm:131072x512:bfloat16",
+    "layer_norm:16384x4096:bfloat16",
+    "layer_norm:8192x8192:bfloat16",
+    "rms_norm:16384x2048:float32",
+    "rms_norm:4096x8192:float32",
+    "rms_norm:16384x4096:bfloat16",
+    "rms_norm:8192x8192:bfloat16",
+)
+
+
+def _backward_args(op: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    if op == "layer_norm":
+        return randn(rows, cols), randn(rows, cols), (cols,), randn(cols), randn(cols), 1e-5
+    return randn(rows, cols), randn(rows, cols), randn(cols), 1e-6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", action="append", help="op:ROWSxCOLS:dtype (default: a list of misses and more)")
+    parser.add_argument("--per-sm", default="1,2,4", help="programs per multiprocessor to try (default 1,2,4)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    per_sm_values = [int(v) for v in args.per_sm.split(",")]
+    kernelgate.configure(warn_fallback=False)
+    results = []
+    for case in args.case or CASES:
+        name, shape, dtype_name = case.split(":")
+        rows, cols = (int(v) for v in shape.split("x"))
+        module = importlib.import_module(f"kernelgate.ops.{name}")
+        op = get_op(f"{name}_backward")
+        values = _backward_args(name, rows, cols, getattr(torch, dtype_name), device)
+        op(*values)  # tunes the bucket
+        plan = op.plan(*values)
+        if plan.implementation is None:
+            print(f"{case}: the reference is planned; skipped")
+            continue
+        launcher, config = plan.implementation.launcher, plan.config or {}
+        call = functools.partial(launcher, *values, config=config)
+        default = module.BWD_PROGRAMS_PER_SM
+        timings = {}
+        try:
+            for per_sm in per_sm_values:
+                module.BWD_PROGRAMS_PER_SM = per_sm
+                timings[per_sm] = float(do_bench(call, return_mode="median"))
+        finally:
+            module.BWD_PROGRAMS_PER_SM = default
+        sums = {}
+        for per_sm in per_sm_values:
+            partial = torch.randn(min(rows, per_sm * sms), cols, device=device)
+            sums[per_sm] = float(do_bench(functools.partial(partial.sum, dim=0), return_mode="median"))
+        row = {
+            "case": case,
+            "implementation": plan.implementation.name,
+            "config": config,
+            "launcher_us": {k: round(v * 1e3, 1) for k, v in timings.items()},
+            "sum_us": {k: round(v * 1e3, 1) for k, v in sums.items()},
+        }
+        results.append(row)
+        print(
+            f"{case:34} {plan.implementation.name:13} launcher "
+            + "  ".join(f"{k}/SM {v:7.1f}" for k, v in row["launcher_us"].items())
+            + "   one sum "
+            + "  ".join(f"{k}/SM {v:5.1f}" for k, v in row["sum_us"].items())
+        )
+    write_json(
+        args.out,
+        {
+            "benchmark": "norm backwards' tuned launchers by programs per multiprocessor, and their partial sums",
+            **provenance(device),
+            "multiprocessors": sms,
+            "cases": results,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -54,7 +54,11 @@ def _backward_args(op: str, rows: int, cols: int, dtype: torch.dtype, device: to
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", action="append", help="op:ROWSxCOLS:dtype (default: a list of misses and more)")
-    parser.add_argument("--per-sm", default="1,2,4", help="programs per multiprocessor to try (default 1,2,4)")
+    parser.add_argument(
+        "--per-sm",
+        default="1,2,4",
+        help="programs per multiprocessor to try (default 1,2,4); 0: the launcher as it is, the constant untouched",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -79,18 +83,18 @@ def main() -> None:
         timings = {}
         try:
             for per_sm in per_sm_values:
-                module.BWD_PROGRAMS_PER_SM = per_sm
+                module.BWD_PROGRAMS_PER_SM = per_sm or default
                 timings[per_sm] = float(do_bench(call, return_mode="median"))
         finally:
             module.BWD_PROGRAMS_PER_SM = default
         sums = {}
-        for per_sm in per_sm_values:
+        for per_sm in filter(None, per_sm_values):
             partial = torch.randn(min(rows, per_sm * sms), cols, device=device)
             sums[per_sm] = float(do_bench(functools.partial(partial.sum, dim=0), return_mode="median"))
         row = {
             "case": case,
             "implementation": plan.implementation.name,
-            "config": config,
+            "config": dict(config),
             "launcher_us": {k: round(v * 1e3, 1) for k, v in timings.items()},
             "sum_us": {k: round(v * 1e3, 1) for k, v in sums.items()},
         }

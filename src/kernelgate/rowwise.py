@@ -183,23 +183,6 @@ def row_bucket(n_rows: int, n_cols: int) -> tuple[int, int, bool]:
     return pow2(n_rows), pow2(n_cols), aligned16(n_cols)
 
 
-def single_block_backward_programs_per_sm(block: int) -> int:
-    """Programs per multiprocessor for a single-block backward over rows of up to ``block`` columns: 4 up to rows of
-    2048, then fewer as rows grow (2 at 4096, 1 from 8192), each with more rows.
-
-    Each program writes a float32 row of weight-gradient partial sums, which torch then sums over the programs: on
-    the H200 that sum took 22 to 26 us for 528 rows (4 a multiprocessor) against 10 to 11 for 132, about as long at
-    every row length. Against it, fewer programs hide less memory latency where rows are short. Measured on the H200
-    with each bucket's tuned configuration (``benchmarks/results/h200/backward-programs-0910a89/``), the launcher
-    with its sums was fastest at 4 or 8 programs a multiprocessor up to rows of 2048, at 2 for 4096 and at 1 or 2
-    for 8192 (layer_norm float32 4096x8192: 160.7 us at 4, 124.3 at 1).
-
-    >>> [single_block_backward_programs_per_sm(b) for b in (128, 2048, 4096, 8192, 16384)]
-    [4, 4, 2, 1, 1]
-    """
-    return max(1, min(4, 8192 // block))
-
-
 def row_groups(device: torch.device, n_rows: int, per_sm: int, config: Config) -> tuple[int, int, dict[str, int]]:
     """How a backward kernel that sums over rows splits them: ``(rows_per_program, programs, meta)``.
 

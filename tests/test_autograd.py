@@ -586,21 +586,27 @@ def test_the_devices_time_decides_where_eager_autograds_step_is_the_devices_time
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("index", [0, 1], ids=["cuda:0", "cuda:1, cuda:0 current"])
 def test_a_step_whose_eager_autograd_is_the_devices_time_keeps_the_function_with_less_device_time(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, index: int
 ) -> None:
     """softmax float32 at 16384x2048 on the GPU, eager autograd winning back to back (times given: 300 us each,
     where eager autograd's step keeps the device busy for about 290, over STEP_DEVICE_SHARE): the devices' times
     are measured, with the GPU held while the host issues each step (3 ms here, past the Function's host time,
     which the given times do not bound). The kernels' step reads and writes about half of what eager autograd's
-    does, so the Function is kept, with both device times in the detail."""
+    does, so the Function is kept, with both device times in the detail. On a second GPU with the first current,
+    the events and the hold go on the tensors' GPU (on the current one they would time nothing)."""
+    if index >= torch.cuda.device_count():
+        pytest.skip("needs two GPUs to tell the tensors' device from the current one")
     kernelgate.configure(warn_fallback=False)
     _kernel_wins_tuning(monkeypatch)
     _back_to_back(monkeypatch, 300.0, 300.0)
     monkeypatch.setattr(kernelgate.op, "STEP_HOLD_FACTOR", 10.0)
-    x = torch.randn(16384, 2048, device="cuda", requires_grad=True)
-    torch.autograd.grad(kernelgate.softmax(x, -1), x, torch.randn_like(x))
-    kernelgate.softmax(x, -1)  # timed here
+    x = torch.randn(16384, 2048, device=torch.device("cuda", index), requires_grad=True)
+    with torch.cuda.device(0):
+        torch.autograd.grad(kernelgate.softmax(x, -1), x, torch.randn_like(x))
+        kernelgate.softmax(x, -1)  # timed here
+        assert torch.cuda.current_device() == 0
     route = kernelgate.softmax.step_route(x, -1)
     assert "the device's time decides" in route.detail, route.detail
     times = re.search(r"eager autograd ([\d.]+) us a step, the Function ([\d.]+) us;", route.detail)

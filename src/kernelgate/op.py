@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -746,9 +747,11 @@ class Op:
         hold_us = STEP_HOLD_FACTOR * max(back_to_back)  # past the host's time to issue either step
         eager_rounds: list[float] = []
         function_rounds: list[float] = []
-        for _ in range(STEP_DEVICE_ROUNDS):
-            eager_rounds.append(device_step_us(steps[0], leaves, wanted, device, hold_us))
-            function_rounds.append(device_step_us(steps[1], leaves, wanted, device, hold_us))
+        # The events and the hold go on the tensors' device, which need not be the current one.
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            for _ in range(STEP_DEVICE_ROUNDS):
+                eager_rounds.append(device_step_us(steps[0], leaves, wanted, device, hold_us))
+                function_rounds.append(device_step_us(steps[1], leaves, wanted, device, hold_us))
         eager_device, function_device = min(eager_rounds), min(function_rounds)
         device_bound = eager_device >= STEP_DEVICE_SHARE * back_to_back[0]
         current = _settings_module._current or settings()

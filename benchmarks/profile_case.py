@@ -146,7 +146,12 @@ def main() -> int:
     kernelgate.configure(warn_fallback=False)
     torch.manual_seed(0)
     case_args = spec.make_args(shape, getattr(torch, args.dtype), device)
-    peer = spec.liger(case_args) if args.liger and spec.liger is not None else None
+    peer = None
+    if args.liger:
+        try:
+            peer = spec.liger(case_args) if spec.liger is not None else None
+        except ImportError as err:  # Liger-Kernel not installed, or without this op
+            print(f"--liger: no Liger-Kernel counterpart here ({err}); profiling kernelgate alone")
     steps = _steps(args.op, case_args, spec.grad_args, args.direction == "forward+backward", peer)
     rows = []
     for name, step in steps.items():

@@ -1030,3 +1030,32 @@ def test_a_miss_of_kernels_that_stream_rows_twice_states_the_bound_that_sets(
     short = {"shape": "65536x1024", "rows": 65536, "row_length": 1024}
     rows_short = [dataclasses.replace(r, **short) for r in (eager, ours, single)]
     assert all("stream rows twice" not in t for t in bench.misses(rows_short))
+
+
+def test_summary_counts_how_the_forward_backward_steps_ran(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
+    """A table after the targets counts, per op and regime, the path each forward+backward step took as its row's
+    note says: the Function kept by the timing back to back or by the device's time, kept untimed, eager autograd
+    by a timing or where both passes run the reference; a note without the path counts as not recorded."""
+    base = next(r for r in interpreted if r.direction == "forward+backward" and r.impl == "kernelgate")
+    timed = "autograd step: {}: timed once: a step through eager autograd 100.0 us, through kernelgate's Function {}"
+    device = "; on the device, the host's time hidden: ...; the device's share of eager autograd's step back to back "
+    by_device = "at least 50%, so the device's time decides"
+    notes = [
+        timed.format("function", "90.0 us (margin 5%)"),
+        timed.format("function", "300.0 us (margin 5%)") + device + f"is 80%, {by_device}",
+        timed.format("function", "300.0 us (margin 5%)") + device + f"is 81%, {by_device}",
+        "autograd step: function: mode triton: every autograd call runs kernelgate's Function",
+        timed.format("eager", "300.0 us (margin 5%)") + device + "is 20%, under 50%, so the steps back to back decide",
+        "autograd step: eager: the forward and its backward both run the reference: eager autograd does the same work",
+        "auto: looped (tuned)",
+    ]
+    rows = [
+        dataclasses.replace(base, shape=f"{i + 1}x64", regime="bandwidth", note=f"auto: looped (tuned); {note}")
+        if note.startswith("autograd")
+        else dataclasses.replace(base, shape=f"{i + 1}x64", regime="bandwidth", note=note)
+        for i, note in enumerate(notes)
+    ]
+    text = bench.write_summary(rows, tmp_path / "summary.md").read_text()
+    table = text[text.index("## How the forward+backward steps ran") : text.index(f"## {base.op} {base.dtype}")]
+    assert f"| {base.op} | bandwidth | 1 | 2 | 1 | 1 | 1 | 1 |" in table, table
+    assert text.index("## Targets at a glance") < text.index("## How the forward+backward steps ran")

@@ -509,6 +509,59 @@ def _scorecard(
     return [*lines, ""]
 
 
+# How a forward+backward step ran, from its step path (_step_path), in the order of the summary's table.
+STEP_WAYS = (
+    "Function, faster back to back",
+    "Function, by the device's time",
+    "Function, kept untimed",
+    "eager, timed",
+    "eager, reference both ways",
+    "not recorded",
+)
+
+
+def _step_way(step: _StepPath | None) -> str:
+    """Which of :data:`STEP_WAYS` a forward+backward step took: the Function kept by the step route's timing of
+    steps back to back, or by the device's time where eager autograd's step is mostly the device's; the Function
+    kept without timing (mode triton, tuning off, a Backward that keeps it); eager autograd chosen by a timing, or
+    where both passes run the reference; or a note without the step path (rows of an older bench)."""
+    if step is None or step.path == "undecided":
+        return STEP_WAYS[5]
+    timed = step.detail.startswith("timed once")
+    if step.path == "function":
+        if not timed:
+            return STEP_WAYS[2]
+        return STEP_WAYS[1] if "the device's time decides" in step.detail else STEP_WAYS[0]
+    return STEP_WAYS[3] if timed else STEP_WAYS[4]
+
+
+def _step_ways(cases: dict[tuple[str, str, str, str], dict[str, BenchRow]]) -> list[str]:
+    """A table: per op and regime, how kernelgate's forward+backward steps ran (:data:`STEP_WAYS`)."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for (op, _dtype, direction, _shape), by_impl in cases.items():
+        ours = by_impl.get("kernelgate")
+        if direction != FORWARD_BACKWARD or ours is None:
+            continue
+        row = counts.setdefault((op, ours.regime), dict.fromkeys(STEP_WAYS, 0))
+        row[_step_way(_step_path(ours.note))] += 1
+    if not counts:
+        return []
+    lines = [
+        "## How the forward+backward steps ran",
+        "",
+        "kernelgate's step route per case (`Op.step_route`): its Function, kept by the timing of steps back to "
+        "back, or by each step's device time where eager autograd's step keeps the device busy for most of its "
+        "time back to back, or without timing (mode triton, tuning off, an op that keeps it); or eager autograd of "
+        "the reference, chosen by that timing, or where both passes run the reference.",
+        "",
+        "| op | regime | " + " | ".join(STEP_WAYS) + " |",
+        "| --- | --- |" + " ---: |" * len(STEP_WAYS),
+    ]
+    for (op, regime), row in counts.items():
+        lines.append(f"| {op} | {regime} | " + " | ".join(str(n) for n in row.values()) + " |")
+    return [*lines, ""]
+
+
 def _miss_digest(found: Sequence[_Miss]) -> list[str]:
     """A table of the misses per op and direction: how many of each target, and the causes named."""
     if not found:
@@ -801,6 +854,7 @@ def write_summary(
     cases = _cases(rows)
     found = _find_misses(rows, targets)
     lines += _scorecard(cases, found, targets)
+    lines += _step_ways(cases)
     groups: dict[tuple[str, str], list[tuple[str, str, dict[str, BenchRow]]]] = {}
     for (op, dtype, direction, shape), by_impl in cases.items():
         groups.setdefault((op, dtype), []).append((direction, shape, by_impl))

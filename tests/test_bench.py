@@ -945,6 +945,19 @@ def test_forward_backward_misses_name_the_path_the_steps_took(
     untimed = dataclasses.replace(kept, note=f"{planned}; autograd step: function: tuning is off: kept")
     assert not any("timed once" in t for t in bench.misses([eager, untimed, kernels]))
 
+    # Kept by the device's time, though slower back to back: the miss gives the device's times and both steps.
+    by_device = "autograd step: function: timed once: a step through eager autograd 100.5 us, through kernelgate's "
+    by_device += "Function 300.0 us (margin 5%); on the device, the host's time hidden: eager autograd 95.0 us a step, "
+    by_device += "the Function 60.0 us; the device's share of eager autograd's step back to back is 95%, at least 50%, "
+    by_device += "so the device's time decides"
+    device_kept = dataclasses.replace(kept, note=f"{planned}; {by_device}")
+    (slower,) = [t for t in bench.misses([eager, device_kept, kernels]) if "slower than eager" in t]
+    assert slower.endswith(
+        "; its step was timed once on the device, the host's time hidden, at 60.0 us through kernelgate's Function "
+        "against eager autograd's 95.0 us, so the Function was kept (back to back, where its host time counts, "
+        "300.0 us against 100.5), but measured here it took 150.0 us"
+    ), slower
+
 
 def test_first_calls_of_several_ops_add_up_in_an_all_ops_row(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
     """With more than one op, the First calls table ends with their sums per implementation and in all."""

@@ -368,6 +368,8 @@ class _StepPath:
 
 _STEP_NOTE = re.compile(r"; autograd step: (function|eager|undecided): (.*)$")
 _STEP_TIMES = re.compile(r"eager autograd ([0-9.]+) us, through kernelgate's Function ([0-9.]+) us")
+# The device's time per step, where the step route measured it (Op._eager_step_wins_on_the_device).
+_STEP_DEVICE_TIMES = re.compile(r"eager autograd ([0-9.]+) us a step, the Function ([0-9.]+) us;")
 
 
 def _step_path(note: str) -> _StepPath | None:
@@ -415,7 +417,8 @@ def _timed_function_cause(
     ours: BenchRow, step: _StepPath | None, eager: BenchRow | None, targets: Targets
 ) -> tuple[str, str]:
     """Where the step was timed once and kernelgate's Function kept, but measured here slower than eager:
-    ``("timed", clause)`` with both timings; else ``("", "")``.
+    ``("timed", clause)`` with both timings; else ``("", "")``. Where the device's time per step kept it, the
+    clause gives those times and the steps back to back.
 
     The timing that kept the Function ran steps back to back, as a training loop does. Where the row's own steps
     issued back to back (``host_us``) are within the eager target of eager's, the clause says the choice holds in
@@ -425,6 +428,14 @@ def _timed_function_cause(
     """
     if step is None or step.path != "function" or math.isnan(step.function_us):
         return "", ""
+    on_device = _STEP_DEVICE_TIMES.search(step.detail) if "the device's time decides" in step.detail else None
+    if on_device is not None:  # kept by the device's time, though slower back to back
+        return "timed", (
+            f"; its step was timed once on the device, the host's time hidden, at {float(on_device.group(2)):.1f} us "
+            f"through kernelgate's Function against eager autograd's {float(on_device.group(1)):.1f} us, so the "
+            f"Function was kept (back to back, where its host time counts, {step.function_us:.1f} us against "
+            f"{step.eager_us:.1f}), but measured here it took {effective_us(ours):.1f} us"
+        )
     timing = (
         f"; its step was timed once through kernelgate's Function at {step.function_us:.1f} us against eager "
         f"autograd's {step.eager_us:.1f} us, so the Function was kept, but measured here it took "

@@ -1077,7 +1077,8 @@ class StepRoute:
         path: ``"function"`` (kernelgate's Function, its kernels), ``"eager"`` (eager autograd of the
             reference) or ``"undecided"`` (the next autograd calls decide).
         detail: why, in a sentence.
-        eager_us, function_us: the timed steps, where the decision was timed.
+        eager_us, function_us: the steps timed back to back, where the decision was timed (the device's times,
+            where measured, are in ``detail``).
     """
 
     path: str

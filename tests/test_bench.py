@@ -1072,3 +1072,44 @@ def test_summary_counts_how_the_forward_backward_steps_ran(interpreted: list[ben
     table = text[text.index("## How the forward+backward steps ran") : text.index(f"## {base.op} {base.dtype}")]
     assert f"| {base.op} | bandwidth | 1 | 2 | 1 | 1 | 1 | 1 |" in table, table
     assert text.index("## Targets at a glance") < text.index("## How the forward+backward steps ran")
+
+
+def test_latency_host_cost_is_the_fastest_of_rounds_interleaved_across_implementations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a latency shape each implementation's host cost is measured in HOST_ROUNDS rounds, every implementation
+    once a round, and the row keeps the fastest: a slow stretch of the host lands on each alike. One whose
+    measurement raises keeps no host cost, and its row says why."""
+    assert bench_runner.HOST_ROUNDS == 3
+    order: list[Callable[[], object]] = []  # holding each step, so no two share an id
+    per_round = (30.0, 10.0, 20.0)
+
+    def host_us(step: Callable[[], object], device: torch.device, calls: int) -> float:
+        order.append(step)
+        return per_round[sum(s is step for s in order) - 1]
+
+    monkeypatch.setattr(bench_runner, "per_call_us", host_us)
+    kernelgate.reload_settings({"KERNELGATE_CACHE_DIR": str(tmp_path / "cache")})
+    suite = bench.Suite(("float32",), {"softmax": (bench.ShapeGroup(shapes=((3, 64),)),)})
+    rows = bench.run(
+        ["softmax"], suite=suite, interpret=True, compile=False, cpu_repeats=1, host_calls=2, latency_bytes=1 << 30
+    )
+    measured = [r for r in rows if r.status == "ok"]
+    assert measured and all(r.regime == "latency" and r.host_us == 10.0 for r in measured), rows
+    # Per direction: the implementations in turn, three times over.
+    for direction in ("forward", "forward+backward"):
+        impls = sum(r.direction == direction for r in measured)
+        stretch, order[:] = order[: 3 * impls], order[3 * impls :]
+        assert stretch == stretch[:impls] * 3 and len({id(s) for s in stretch}) == impls, direction
+    assert "fastest of 3 rounds interleaved" in measured[0].timer
+
+    def failing(step: Callable[[], object], device: torch.device, calls: int) -> float:
+        raise RuntimeError("host timing failed")
+
+    monkeypatch.setattr(bench_runner, "per_call_us", failing)
+    rows = bench.run(
+        ["softmax"], suite=suite, interpret=True, compile=False, cpu_repeats=1, host_calls=2, latency_bytes=1 << 30
+    )
+    measured = [r for r in rows if r.status == "ok"]
+    assert measured and all(math.isnan(r.host_us) for r in measured)
+    assert all("host cost or memory not measured: RuntimeError: host timing failed" in r.note for r in measured)

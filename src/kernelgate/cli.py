@@ -454,7 +454,7 @@ def _parser() -> argparse.ArgumentParser:
         "past the flush (default 100; 0: do_bench as it is)",
     )
     bench.add_argument("--repeats", type=int, default=1, help="interleaved rounds per measurement (median)")
-    bench.add_argument("--host-calls", type=int, default=None, help="calls per host-cost measurement")
+    bench.add_argument("--host-calls", type=int, default=None, help="calls a round of the host-cost measurement")
     bench.add_argument(
         "--latency-mib", type=float, help="inputs below this many MiB are latency shapes (default: the report's, 64)"
     )

@@ -771,7 +771,8 @@ def run(
             lateness past the flush.
         repeats: rounds per measurement, interleaving the implementations; the median is kept.
         cpu_repeats: calls timed per round off the GPU.
-        host_calls: calls per host-cost measurement (latency shapes); default 200 on a GPU, 10 elsewhere.
+        host_calls: calls a round of the host-cost measurement (latency shapes: HOST_ROUNDS rounds, the fastest
+            kept); default 100 on a GPU, 10 elsewhere.
         latency_bytes: shapes whose inputs total fewer bytes are the latency regime (host cost
             measured, no bandwidth target); default 64 MiB.
         time_limit_s: no case starts after this many seconds from the start of the run; the cases

@@ -625,7 +625,7 @@ class _Runner:
                         result["host_us"] = host_us
                     elif direction == FORWARD_BACKWARD and device.type == "cuda":
                         # The steady state of a training loop, reported beside the do_bench time.
-                        result["host_us"] = per_call_us(step, device, max(1, self.timing.host_calls // 4))
+                        result["host_us"] = per_call_us(step, device, max(1, self.timing.host_calls // 2))  # 50 steps
                     result["peak_mib"] = _peak_mib(step, device)
                     if name == "kernelgate" and direction == FORWARD_BACKWARD:
                         # Which path the timed steps took after the first: the Function or eager autograd.

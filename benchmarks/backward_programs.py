@@ -5,8 +5,9 @@ A norm's backward writes float32 partial sums of its weight's gradient (layer_no
 the H200, layer_norm float32 at 4096x8192 spent 41.6 us a step in those two sums (528 rows of 8192) against
 114.5 in its backward kernel, where Liger-Kernel's 132 rows took 9.8 (``results/h200/profile-misses-0db8ffc/``).
 This times, for each case, the backward op's tuned launcher with ``BWD_PROGRAMS_PER_SM`` (the op module's
-constant) at each of ``--per-sm``, and the partial sums' ``sum(dim=0)`` alone at each row count, so the
-kernel's cost and the sums' can be told apart. Writes JSON with provenance.
+constant) at each of ``--per-sm``, and the partial sums' ``sum(dim=0)`` alone at each row count (and, in a tree
+with ``rowwise.sum_partials``, that kernel's sum of them into the weight's dtype), so the kernel's cost and the
+sums' can be told apart. Writes JSON with provenance.
 
     python benchmarks/backward_programs.py --out programs.json
 """
@@ -24,7 +25,11 @@ from provenance import provenance, write_json  # benchmarks/provenance.py, besid
 from triton.testing import do_bench
 
 import kernelgate
+from kernelgate import rowwise
 from kernelgate.op import get_op
+
+# The partial-sums kernel (rowwise.sum_partials), in a tree that has one: timed beside torch's sum.
+sum_partials = getattr(rowwise, "sum_partials", None)
 
 CASES = (
     "layer_norm:262144x128:float32",
@@ -87,16 +92,21 @@ def main() -> None:
                 timings[per_sm] = float(do_bench(call, return_mode="median"))
         finally:
             module.BWD_PROGRAMS_PER_SM = default
-        sums = {}
+        sums, kernel_sums = {}, {}
+        weight = values[-3] if name == "layer_norm" else values[-2]
         for per_sm in filter(None, per_sm_values):
             partial = torch.randn(min(rows, per_sm * sms), cols, device=device)
             sums[per_sm] = float(do_bench(functools.partial(partial.sum, dim=0), return_mode="median"))
+            if sum_partials is not None:  # the tree's own partial-sums kernel, where it has one
+                kernel = functools.partial(sum_partials, partial[None], [weight])
+                kernel_sums[per_sm] = float(do_bench(kernel, return_mode="median"))
         row = {
             "case": case,
             "implementation": plan.implementation.name,
             "config": dict(config),
             "launcher_us": {k: round(v * 1e3, 1) for k, v in timings.items()},
             "sum_us": {k: round(v * 1e3, 1) for k, v in sums.items()},
+            "sum_partials_us": {k: round(v * 1e3, 1) for k, v in kernel_sums.items()},
         }
         results.append(row)
         print(
@@ -104,6 +114,8 @@ def main() -> None:
             + "  ".join(f"{k}/SM {v:7.1f}" for k, v in row["launcher_us"].items())
             + "   one sum "
             + "  ".join(f"{k}/SM {v:5.1f}" for k, v in row["sum_us"].items())
+            + ("   sum_partials " if kernel_sums else "")
+            + "  ".join(f"{k}/SM {v:5.1f}" for k, v in row["sum_partials_us"].items())
         )
     write_json(
         args.out,

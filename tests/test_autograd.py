@@ -585,6 +585,26 @@ def test_the_devices_time_decides_where_eager_autograds_step_is_the_devices_time
     assert decides in route.step_detail, route.step_detail
 
 
+def test_a_device_timing_out_of_memory_leaves_the_verdict_of_the_steps_back_to_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where timing the steps' device time runs out of memory, eager autograd, which won back to back, runs, and the
+    detail says the device's time was not used: the call does not fail."""
+    kernelgate.configure(warn_fallback=False)
+    op = kernelgate.softmax
+
+    def out_of_memory(*args: object) -> float:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(kernelgate.op, "device_step_us", out_of_memory)
+    route = kernelgate.op._Route("softmax", op.plan(torch.randn(3, 40), -1))
+    route.step_detail = "timed once"
+    x = torch.randn(3, 40, requires_grad=True)
+    steps = (op.reference, lambda *v: op.reference(*v))
+    assert op._eager_step_wins_on_the_device((x, -1), [x], x.device, route, steps, (100.0, 300.0)) is True
+    assert route.step_detail.endswith("ran out of memory while timed, so it was not used"), route.step_detail
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("index", [0, 1], ids=["cuda:0", "cuda:1, cuda:0 current"])
 def test_a_step_whose_eager_autograd_is_the_devices_time_keeps_the_function_with_less_device_time(

@@ -749,9 +749,13 @@ class Op:
         function_rounds: list[float] = []
         # The events and the hold go on the tensors' device, which need not be the current one.
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            for _ in range(STEP_DEVICE_ROUNDS):
-                eager_rounds.append(device_step_us(steps[0], leaves, wanted, device, hold_us))
-                function_rounds.append(device_step_us(steps[1], leaves, wanted, device, hold_us))
+            try:
+                for _ in range(STEP_DEVICE_ROUNDS):
+                    eager_rounds.append(device_step_us(steps[0], leaves, wanted, device, hold_us))
+                    function_rounds.append(device_step_us(steps[1], leaves, wanted, device, hold_us))
+            except torch.cuda.OutOfMemoryError:  # the steps back to back ran; their verdict stands
+                route.step_detail += "; the device's time per step ran out of memory while timed, so it was not used"
+                return True
         eager_device, function_device = min(eager_rounds), min(function_rounds)
         device_bound = eager_device >= STEP_DEVICE_SHARE * back_to_back[0]
         current = _settings_module._current or settings()

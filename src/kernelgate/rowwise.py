@@ -16,7 +16,7 @@ latency, and the launch of many tiny programs dominates.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ __all__ = [
     "LOOPED_DEFAULT",
     "MAX_SINGLE_BLOCK",
     "MAX_SINGLE_BLOCK_FORWARD",
+    "PARTIAL_SUMS",
     "PERSISTENT_CONFIGS",
     "PERSISTENT_LOOPED_CONFIGS",
     "PERSISTENT_LOOPED_DEFAULT",
@@ -69,6 +70,7 @@ __all__ = [
     "single_block_default",
     "single_block_impl",
     "split_impl",
+    "sum_partials",
 ]
 
 # Rows up to this length are held in registers by one program; longer rows loop.
@@ -110,6 +112,11 @@ SPLIT_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096), num_warps=(4, 8, 16))
 SPLIT_PER_THREAD = (4, 8)
 SPLIT_DEFAULT: Config = {"BLOCK_N": 2048, "num_warps": 8}
 SPLIT_MIN_COLS = 8192
+# The backwards' weight-gradient partial sums, summed over their rows (sum_partials): columns a program, and
+# elements of a tile of rows a program (a tile of 4096 float32 at 4 warps: 32 a thread).
+PARTIAL_SUMS = LazyKernel("kernelgate.ops.partial_sums", "_partial_sums_kernel")
+PARTIAL_SUMS_BLOCK_C = 64
+PARTIAL_SUMS_TILE = 4096
 
 
 def per_thread_ok(block: int, num_warps: int) -> bool:
@@ -183,6 +190,25 @@ def row_bucket(n_rows: int, n_cols: int) -> tuple[int, int, bool]:
     return pow2(n_rows), pow2(n_cols), aligned16(n_cols)
 
 
+def sum_partials(partial: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each parameter's gradient from its float32 partial sums: ``partial`` is ``(len(params), rows, n_cols)``,
+    contiguous, ``partial[k]`` the partial sums of ``params[k]``'s gradient (one or two parameters, of ``n_cols``
+    elements each). Returns the sums over the rows, each in its parameter's dtype and shape and memory of its own,
+    from one launch of the partial-sums kernel (``kernelgate.ops.partial_sums``), which casts as it stores.
+    """
+    outputs, n_rows, n_cols = partial.shape
+    if not 1 <= len(params) == outputs <= 2:
+        raise ValueError(f"sum_partials: {outputs} rows of partial sums for {len(params)} parameters (one or two)")
+    sums = [torch.empty(p.shape, dtype=p.dtype, device=partial.device) for p in params]
+    block_c = min(PARTIAL_SUMS_BLOCK_C, next_power_of_2(max(n_cols, 1)))
+    block_r = min(next_power_of_2(max(n_rows, 1)), PARTIAL_SUMS_TILE // block_c)
+    launch(
+        PARTIAL_SUMS, (cdiv(n_cols, block_c), outputs), partial, sums[0], sums[-1], n_rows, n_cols,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
+    )  # fmt: skip
+    return sums
+
+
 def row_groups(device: torch.device, n_rows: int, per_sm: int, config: Config) -> tuple[int, int, dict[str, int]]:
     """How a backward kernel that sums over rows splits them: ``(rows_per_program, programs, meta)``.
 
@@ -226,8 +252,10 @@ def single_block_impl(
     *,
     max_block: int = MAX_SINGLE_BLOCK,
     prefetch: bool = False,
+    helpers: tuple[LazyKernel, ...] = (),
 ) -> TritonImpl:
-    """The ``single_block`` implementation of a row-wise op; ``n_cols(*args)`` gives its row length.
+    """The ``single_block`` implementation of a row-wise op; ``n_cols(*args)`` gives its row length. ``helpers``: the
+    other kernels its launcher launches (a backward's :data:`PARTIAL_SUMS`), hashed into the tuning cache's key too.
 
     With ``n_rows`` (the row count of the same arguments), the kernel takes ``ROWS`` rows per
     program and the configurations range over :data:`ROW_BLOCK_CONFIGS` (with ``prefetch``,
@@ -259,7 +287,7 @@ def single_block_impl(
     return TritonImpl(
         "single_block",
         launcher,
-        (kernel,),
+        (kernel, *helpers),
         supports=lambda *args: fits_one_block(n_cols(*args), max_block),
         configs=configs,
         default_config=default,
@@ -273,12 +301,14 @@ def looped_impl(
     n_cols: Callable[..., int],
     *,
     configs: ConfigSpace = LOOPED_CONFIGS,
+    helpers: tuple[LazyKernel, ...] = (),
 ) -> TritonImpl:
-    """The ``looped`` implementation of a row-wise op, for rows of any length, tuned over ``configs``."""
+    """The ``looped`` implementation of a row-wise op, for rows of any length, tuned over ``configs``; ``helpers`` as
+    for :func:`single_block_impl`."""
     return TritonImpl(
         "looped",
         launcher,
-        (kernel,),
+        (kernel, *helpers),
         configs=configs,
         default_config=LOOPED_DEFAULT,
         prune=lambda config, *args: prune_looped(config, n_cols(*args)),

@@ -153,10 +153,21 @@ add_rms_norm_backward = Op(
     ),
     implementations=(
         rowwise.single_block_impl(
-            _launch_backward, RMS_NORM_BWD, _backward_row_length, _backward_row_count, prefetch=True
+            _launch_backward,
+            RMS_NORM_BWD,
+            _backward_row_length,
+            _backward_row_count,
+            prefetch=True,
+            helpers=(rowwise.PARTIAL_SUMS,),
         ),
-        rowwise.looped_impl(_launch_backward_looped, RMS_NORM_BWD_LOOPED, _backward_row_length),
-        rowwise.split_impl(_launch_backward_split, (RMS_NORM_BWD_STATS, RMS_NORM_BWD_COLUMNS), _backward_row_length),
+        rowwise.looped_impl(
+            _launch_backward_looped, RMS_NORM_BWD_LOOPED, _backward_row_length, helpers=(rowwise.PARTIAL_SUMS,)
+        ),
+        rowwise.split_impl(
+            _launch_backward_split,
+            (RMS_NORM_BWD_STATS, RMS_NORM_BWD_COLUMNS, rowwise.PARTIAL_SUMS),
+            _backward_row_length,
+        ),
     ),
     bucket=lambda grad, grad_s, s, weight, eps: (*_bucket(s, weight), grad_s is not None),
     # dx reduces over its row; dweight over every row.

@@ -185,20 +185,13 @@ def _affine_grads(
     partial: torch.Tensor, sums: int, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dweight and dbias from their partial sums (``partial``: dweight's rows first, then dbias's, ``sums`` of
-    them), each in its parameter's dtype and shape; empty where the parameter is absent. Each is summed on its own,
-    so the two never share memory, with no copy to part them (this runs in every backward: fewer calls into torch
-    cost the step less host time)."""
-    dw = _summed(partial[0], weight) if weight is not None else x.new_empty(0)
-    db = _summed(partial[sums - 1], bias) if bias is not None else x.new_empty(0)
-    return dw, db
-
-
-def _summed(partial: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """The sum of rows of float32 partial sums, in ``param``'s dtype and shape."""
-    total = partial.sum(dim=0)
-    if total.dtype != param.dtype:
-        total = total.to(param.dtype)
-    return total if param.dim() == 1 else total.view(param.shape)
+    them), each in its parameter's dtype and shape; empty where the parameter is absent. One launch sums both
+    (:func:`kernelgate.rowwise.sum_partials`), each into memory of its own."""
+    params = [p for p in (weight, bias) if p is not None]
+    if not params:
+        return x.new_empty(0), x.new_empty(0)
+    grads = rowwise.sum_partials(partial, params)
+    return (grads[0] if weight is not None else x.new_empty(0)), (grads[-1] if bias is not None else x.new_empty(0))
 
 
 def _launch_backward_split(
@@ -268,7 +261,12 @@ def _fits(block: int, num_warps: int, per_thread: int) -> bool:
 
 
 def _looped_impl(
-    launcher: Any, kernel: LazyKernel, n_cols: Any, configs: ConfigSpace, default: Config, per_thread: int
+    launcher: Any,
+    kernels: tuple[LazyKernel, ...],
+    n_cols: Any,
+    configs: ConfigSpace,
+    default: Config,
+    per_thread: int,
 ) -> TritonImpl:
     """A looped implementation: any row length, blocks no longer than the row, ``per_thread`` elements at most, and
     a PREFETCH (where ``configs`` has it) only with blocks of PREFETCH_MIN_BLOCK or more."""
@@ -279,7 +277,7 @@ def _looped_impl(
             return False
         return block <= rowwise.single_block(n_cols(*args)) and _fits(block, config["num_warps"], per_thread)
 
-    return TritonImpl("looped", launcher, (kernel,), configs=configs, default_config=default, prune=prune)
+    return TritonImpl("looped", launcher, kernels, configs=configs, default_config=default, prune=prune)
 
 
 def _bwd_single_block_impl(n_cols: Any, n_rows: Any) -> TritonImpl:
@@ -301,7 +299,7 @@ def _bwd_single_block_impl(n_cols: Any, n_rows: Any) -> TritonImpl:
     return TritonImpl(
         "single_block",
         _launch_backward,
-        (LAYER_NORM_BWD,),
+        (LAYER_NORM_BWD, rowwise.PARTIAL_SUMS),
         supports=lambda *args: rowwise.fits_one_block(n_cols(*args)),
         configs=rowwise.ROW_BLOCK_CONFIGS_PREFETCH,
         default_config=default,
@@ -362,7 +360,7 @@ layer_norm_backward = Op(
         _bwd_single_block_impl(_bwd_n_cols, _bwd_n_rows),
         _looped_impl(
             _launch_backward_looped,
-            LAYER_NORM_BWD_LOOPED,
+            (LAYER_NORM_BWD_LOOPED, rowwise.PARTIAL_SUMS),
             _bwd_n_cols,
             LOOPED_CONFIGS,
             BWD_LOOPED_DEFAULT,
@@ -370,7 +368,7 @@ layer_norm_backward = Op(
         ),
         rowwise.split_impl(
             _launch_backward_split,
-            (LAYER_NORM_BWD_STATS, LAYER_NORM_BWD_COLUMNS),
+            (LAYER_NORM_BWD_STATS, LAYER_NORM_BWD_COLUMNS, rowwise.PARTIAL_SUMS),
             _bwd_n_cols,
         ),
     ),
@@ -408,7 +406,7 @@ layer_norm = Op(
         ),
         _looped_impl(
             _launch_looped,
-            LAYER_NORM_FWD_LOOPED,
+            (LAYER_NORM_FWD_LOOPED,),
             _fwd_n_cols,
             FWD_LOOPED_CONFIGS,
             FWD_LOOPED_DEFAULT,

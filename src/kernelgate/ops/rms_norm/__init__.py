@@ -144,7 +144,7 @@ def run_backward(
     )  # fmt: skip
     if w is None:
         return dx, x.new_empty(0)
-    return dx, partial.sum(dim=0).to(w.dtype)
+    return dx, rowwise.sum_partials(partial[None], [w])[0]
 
 
 def run_backward_split(
@@ -176,7 +176,7 @@ def run_backward_split(
     )  # fmt: skip
     if w is None:
         return dx, x.new_empty(0)
-    return dx, partial.sum(dim=0).to(w.dtype)
+    return dx, rowwise.sum_partials(partial[None], [w])[0]
 
 
 def _launch_backward_split(
@@ -221,10 +221,18 @@ rms_norm_backward = Op(
             lambda grad, x, *_: x.shape[-1],
             lambda grad, x, *_: _row_count(x, None, 0.0),
             prefetch=True,
+            helpers=(rowwise.PARTIAL_SUMS,),
         ),
-        rowwise.looped_impl(_launch_backward_looped, RMS_NORM_BWD_LOOPED, lambda grad, x, *_: x.shape[-1]),
+        rowwise.looped_impl(
+            _launch_backward_looped,
+            RMS_NORM_BWD_LOOPED,
+            lambda grad, x, *_: x.shape[-1],
+            helpers=(rowwise.PARTIAL_SUMS,),
+        ),
         rowwise.split_impl(
-            _launch_backward_split, (RMS_NORM_BWD_STATS, RMS_NORM_BWD_COLUMNS), lambda grad, x, *_: x.shape[-1]
+            _launch_backward_split,
+            (RMS_NORM_BWD_STATS, RMS_NORM_BWD_COLUMNS, rowwise.PARTIAL_SUMS),
+            lambda grad, x, *_: x.shape[-1],
         ),
     ),
     bucket=lambda grad, x, weight, eps: _bucket(x, weight, eps),

@@ -44,9 +44,10 @@ FWD_LOOPED_CONFIGS = ConfigSpace(**LOOPED_CONFIGS.params, PREFETCH=(0, 1))
 PREFETCH_MIN_BLOCK = 4096
 FWD_LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8, "PREFETCH": 0}
 BWD_LOOPED_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 16}
-# Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
+# Programs of the split backward per multiprocessor: enough to fill the GPU, few enough that the partial
 # sums of dweight and dbias (programs x row length, float32) stay small against the data. The
-# looped backward's rows are long, so its partial sums are long too: half as many programs.
+# looped backward's rows are long, so its partial sums are long too: half as many programs. The
+# single-block backward's depend on its block (rowwise.single_block_backward_programs_per_sm).
 BWD_PROGRAMS_PER_SM = 4
 BWD_LOOPED_PROGRAMS_PER_SM = 2
 # Per-row statistics the looped backward keeps between its passes: k_x, mean(x) - k_x, rstd, mean(g), mean(g * xhat).
@@ -162,7 +163,7 @@ def _run_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x_rows, g_rows, w = _backward_operands(grad, x, normalized_shape, weight, bias)
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
-    per_sm = BWD_LOOPED_PROGRAMS_PER_SM if looped else BWD_PROGRAMS_PER_SM
+    per_sm = BWD_LOOPED_PROGRAMS_PER_SM if looped else rowwise.single_block_backward_programs_per_sm(block)
     rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, per_sm, config)
     if "PREFETCH" in config and not looped:  # the single-block kernel's switch
         meta["PREFETCH"] = bool(config["PREFETCH"])

@@ -129,7 +129,8 @@ def run_backward(
     ``grad_s`` the gradient that reaches s directly (added to dx)."""
     x_rows, g_rows, ds_rows, w = _backward_operands(grad, grad_s, x, weight)
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
-    rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, BWD_PROGRAMS_PER_SM, config)
+    per_sm = BWD_PROGRAMS_PER_SM if looped else rowwise.single_block_backward_programs_per_sm(block)
+    rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, per_sm, config)
     if "PREFETCH" in config:  # the single-block kernel's switch: the next tile's loads before this one's reductions
         meta["PREFETCH"] = bool(config["PREFETCH"])
     dx = empty(x.shape, dtype=x.dtype, device=x.device)

@@ -211,19 +211,22 @@ def sum_partials(partial: torch.Tensor, params: Sequence[torch.Tensor]) -> list[
 
 def single_block_backward_programs_per_sm(block: int) -> int:
     """Programs per multiprocessor for a single-block backward over rows of up to ``block`` columns: 4 up to rows of
-    2048, 2 from 4096, each with more rows.
+    2048, 2 at 4096 and 1 from 8192, each with more rows.
 
     Each program writes a float32 row of weight-gradient partial sums, which :func:`sum_partials` then sums over the
-    programs; fewer programs hide less memory latency where rows are short. On the H200, with each bucket's tuned
-    configuration and its partial sums summed by that kernel (``benchmarks/results/h200/backward-programs-281e662/``),
-    the launchers were fastest at 4 programs a multiprocessor in 3 of 5 cases up to rows of 2048 (at 2 in the others,
-    by 4 and 5 %), and at 1 or 2 from rows of 4096. There 2 was within 5.2 % of the fastest in every case, and 1 was
-    25 % slower at rms_norm float32 4096x8192 (layer_norm float32 4096x8192: 137.1 us at 4, 123.0 at 2).
+    programs; fewer programs hide less memory latency where rows are short. On the H200, with the partial sums
+    summed by that kernel, the launchers were fastest at 4 programs a multiprocessor in 3 of 5 cases up to rows of
+    2048 (at 2 in the others, by 4 and 5 %) and at 2 at rows of 4096 (``benchmarks/results/h200/
+    backward-programs-281e662/``); at rows of 8192, with the configuration tuned for 4, 1 was 3 to 5 % faster than 2
+    in 3 of 4 cases. With every configuration timed at each count (``backward-programs-16384-d156be4/``), 1 was 3.3
+    to 5.4 % faster than 2 at each of 6 cases at rows of 16384. At the default suite's shapes, the norms'
+    forward+backward with 1 from rows of 8192 took 2.4 to 4.4 % less time at rows of 8192 and 0.3 to 3.0 % less at
+    16384 than with 2 (``mid-rows-d23dae9-rule1/`` against ``default-d156be4/``).
 
     >>> [single_block_backward_programs_per_sm(b) for b in (128, 2048, 4096, 8192, 16384)]
-    [4, 4, 2, 2, 2]
+    [4, 4, 2, 1, 1]
     """
-    return 4 if block <= 2048 else 2
+    return 4 if block <= 2048 else 2 if block <= 4096 else 1
 
 
 def row_groups(device: torch.device, n_rows: int, per_sm: int, config: Config) -> tuple[int, int, dict[str, int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ from kernelgate import (
     TensorArg,
     TritonImpl,
     TritonUnavailableError,
+    selection,
 )
 from kernelgate.cache import FILE_NAME
 from kernelgate.config import config_label
@@ -149,6 +151,66 @@ def test_a_tie_goes_to_the_reference_without_a_fallback() -> None:
     assert kernelgate.fallbacks() == []
     with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
         assert (op.plan(x).name, op.plan(x).reason) == ("same", Reason.CACHED), "mode triton takes the best Triton"
+
+
+def phased_launcher(
+    calls: list[str], name: str, first_calls: int, first_delay: float, then_delay: float
+) -> Callable[..., torch.Tensor]:
+    """A launcher that sleeps ``first_delay`` on its first ``first_calls`` calls and ``then_delay`` after."""
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        calls.append(name)
+        time.sleep(first_delay if calls.count(name) <= first_calls else then_delay)
+        return x * 2
+
+    return run
+
+
+# On the CPU a candidate runs once in the gate, then once and CPU_REPEATS times in its first timing.
+FIRST_TIMING_CALLS = 1 + 1 + selection.CPU_REPEATS
+
+
+def test_a_narrow_lead_that_does_not_hold_head_to_head_goes_to_the_reference() -> None:
+    """A candidate first timed at 0.8 of the reference's time (a lead under CONFIRM_WITHIN's) is timed again,
+    alternating with the reference; there it takes three times as long, so the reference is kept."""
+    calls: list[str] = []
+    fickle = TritonImpl("fickle", phased_launcher(calls, "fickle", FIRST_TIMING_CALLS, 0.0032, 0.012))
+    op = doubling_op("kgsel_fickle", calls, fickle, ref_delay=0.004)
+    x = torch.randn(8)
+    with kernelgate.use_interpreter():
+        assert_close(op(x), x * 2)
+        plan = op.plan(x)
+    assert (plan.path, plan.reason) == ("reference", Reason.REFERENCE_FASTER)
+    assert "head to head" in plan.detail and "is not faster by 2%" in plan.detail
+    [entry] = cache_entries().values()
+    assert entry["candidates"]["fickle"] < 0.9 * 4000, "the first timing gave the candidate the lead"
+    rounds = entry["head_to_head"]
+    assert len(rounds["triton_us"]) == len(rounds["reference_us"]) == selection.CONFIRM_ROUNDS
+    assert min(rounds["triton_us"]) > 2 * max(rounds["reference_us"])
+    # Alternating: after the first timing, the candidate and the reference take turns.
+    tail = [c for c in calls[calls.index("reference") :] if c in ("fickle", "reference")]
+    assert "fickle" in tail
+
+
+def test_a_narrow_lead_that_holds_head_to_head_wins_and_a_wide_one_is_not_timed_again() -> None:
+    """At 0.8 of the reference's time throughout, the candidate wins after the head-to-head timing; at a tenth,
+    it wins on its first timing alone."""
+    calls: list[str] = []
+    steady = TritonImpl("steady", launcher(calls, "steady", delay=0.0032))
+    op = doubling_op("kgsel_steady", calls, steady, ref_delay=0.004)
+    quick = TritonImpl("quick", launcher(calls, "quick", delay=0.0004))
+    wide = doubling_op("kgsel_wide", calls, quick, ref_delay=0.004)
+    x = torch.randn(8)
+    with kernelgate.use_interpreter():
+        op(x)
+        wide(x)
+        narrow_plan, wide_plan = op.plan(x), wide.plan(x)
+    assert (narrow_plan.name, wide_plan.name) == ("steady", "quick")
+    entries = {e["op"]: e for e in cache_entries().values()}
+    assert "head to head" in entries["kgsel_steady"]["reason"]
+    rounds = entries["kgsel_steady"]["head_to_head"]
+    assert statistics.median(rounds["triton_us"]) < 0.98 * statistics.median(rounds["reference_us"])
+    assert "head_to_head" not in entries["kgsel_wide"] and "head to head" not in entries["kgsel_wide"]["reason"]
 
 
 # --- 2. a wrong kernel never wins ---------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The norms' backward at its tuned implementation, with fewer or more programs per multiprocessor.
 
 A norm's backward writes float32 partial sums of its weight's gradient (layer_norm: and its bias's), a row of
-``n_cols`` a program (single-block and looped) or a row group (split), which torch then sums over the rows. On
-the H200, layer_norm float32 at 4096x8192 spent 41.6 us a step in those two sums (528 rows of 8192) against
-114.5 in its backward kernel, where Liger-Kernel's 132 rows took 9.8 (``results/h200/profile-misses-0db8ffc/``).
+``n_cols`` a program (single-block and looped) or a row group (split), then summed over the rows (by torch's
+``sum(dim=0)`` up to 281e662, by ``rowwise.sum_partials`` since). On the H200, layer_norm float32 at 4096x8192
+spent 41.6 us a step in torch's two sums (528 rows of 8192) against 114.5 in its backward kernel, where
+Liger-Kernel's 132 rows took 9.8 (``results/h200/profile-misses-0db8ffc/``).
 This times, for each case, the backward op's tuned launcher with ``BWD_PROGRAMS_PER_SM`` (the op module's
 constant) and ``rowwise.single_block_backward_programs_per_sm`` (the single-block backwards' rule, where the tree
 has it) set to each of ``--per-sm``, and the partial sums' ``sum(dim=0)`` alone at each row count (and, in a tree

@@ -342,6 +342,50 @@ def test_norm_backward_tunes_prefetch_where_two_tiles_fit() -> None:
         assert on == fits != set(), (op.name, on, off)
 
 
+@pytest.mark.parametrize("weighted", [True, False], ids=["affine", "no-affine"])
+@pytest.mark.parametrize(
+    "op",
+    [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward],
+    ids=lambda op: op.name,
+)
+def test_norm_backward_weight_per_tile_matches_the_reference(
+    target: torch.device, op: kernelgate.Op, weighted: bool
+) -> None:
+    """The single-block backward with WEIGHT_PER_TILE on, the weight loaded with each tile instead of once a program,
+    with PREFETCH off and on and 1 or 2 rows a tile, over 100 rows of 300 split over the programs: the reference's
+    results, with and without the affine parameters."""
+    assert op.make_inputs is not None
+    values = list(op.make_inputs((100, 300), torch.float32, target))
+    if not weighted:
+        for position in AFFINE_POSITIONS[op.name]:
+            values[position] = None
+    impl = next(i for i in op.implementations if i.name == "single_block")
+    expected = op.reference(*values)
+    for rows, prefetch in ((1, 0), (2, 1)):
+        config = {"ROWS": rows, "num_warps": 4, "PREFETCH": prefetch, "WEIGHT_PER_TILE": 1}
+        got = run_candidate(impl, config, tuple(values), target.type == "cpu", poison=True)
+        assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None, config
+
+
+def test_norm_backward_tunes_weight_per_tile_only_where_every_configuration_spills() -> None:
+    """WEIGHT_PER_TILE is a candidate from blocks of WEIGHT_PER_TILE_MIN_BLOCK (rows of 16384), beside every
+    configuration without it, and not at rows of 8192; untuned, it is off."""
+    from kernelgate.rowwise import WEIGHT_PER_TILE_MIN_BLOCK
+
+    assert WEIGHT_PER_TILE_MIN_BLOCK == 16384
+    for op in (kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward):
+        assert op.make_inputs is not None
+        impl = next(i for i in op.implementations if i.name == "single_block")
+        long_rows = op.make_inputs((4, 16384), torch.bfloat16, torch.device("cpu"))
+        configs = impl.candidate_configs(long_rows)
+        on = [{k: v for k, v in c.items() if k != "WEIGHT_PER_TILE"} for c in configs if c["WEIGHT_PER_TILE"]]
+        off = [{k: v for k, v in c.items() if k != "WEIGHT_PER_TILE"} for c in configs if not c["WEIGHT_PER_TILE"]]
+        assert on == off != [], op.name
+        assert impl.default_for(long_rows)["WEIGHT_PER_TILE"] == 0  # type: ignore[index]
+        shorter = op.make_inputs((4, 8192), torch.bfloat16, torch.device("cpu"))
+        assert not any(c["WEIGHT_PER_TILE"] for c in impl.candidate_configs(shorter)), op.name
+
+
 # The positions of each backward's affine parameters (weight, and layer_norm's bias) in its make_inputs.
 AFFINE_POSITIONS = {"rms_norm_backward": (2,), "add_rms_norm_backward": (3,), "layer_norm_backward": (3, 4)}
 

@@ -39,6 +39,7 @@ __all__ = [
     "PERSISTENT_LOOPED_CONFIGS",
     "PERSISTENT_LOOPED_DEFAULT",
     "PERSISTENT_STAGE_BYTES",
+    "ROW_BLOCK_BACKWARD_CONFIGS",
     "ROW_BLOCK_CONFIGS",
     "SINGLE_BLOCK_CONFIGS",
     "SPLIT_CONFIGS",
@@ -92,10 +93,20 @@ DEFAULT_ROW_TILE = 2048
 
 SINGLE_BLOCK_CONFIGS = ConfigSpace(num_warps=(1, 2, 4, 8, 16, 32))
 ROW_BLOCK_CONFIGS = ConfigSpace(ROWS=(1, 2, 4, 8, 16, 32, 64), num_warps=(1, 2, 4, 8, 16, 32))
-# The same with a PREFETCH switch (a kernel that loads the next tile before this tile's reductions). It holds two
-# tiles live, so it is tried only where a thread holds at most PREFETCH_MAX_PER_THREAD elements of a tile.
-ROW_BLOCK_CONFIGS_PREFETCH = ConfigSpace(ROWS=(1, 2, 4, 8, 16, 32, 64), num_warps=(1, 2, 4, 8, 16, 32), PREFETCH=(0, 1))
+# The norm backwards' single-block kernels take two switches besides (see prune_backward_switches):
+# - PREFETCH: the next tile loaded before this tile's reductions. It holds two tiles live, so it is tried only where a
+#   thread holds at most PREFETCH_MAX_PER_THREAD elements of a tile.
+# - WEIGHT_PER_TILE: the weight loaded with each tile rather than once a program, so that it is not live across the
+#   row loop. Compiled for sm_90 by Triton 3.6.0, every configuration of rms_norm's, add_rms_norm's and layer_norm's
+#   at rows of 16384 keeps 112 to 2552 bytes a thread in local memory (benchmarks/results/cpu/
+#   kernel-resources-1eb9bc2/), and with the switch on rms_norm's and add_rms_norm's keep 72 to 224, layer_norm's
+#   184 to 280 (kernel-resources-weight-per-tile/). It is tried only from blocks of WEIGHT_PER_TILE_MIN_BLOCK,
+#   where every configuration spills; at 8192 those tuned on the H200 keep none or 8 bytes.
+ROW_BLOCK_BACKWARD_CONFIGS = ConfigSpace(
+    ROWS=(1, 2, 4, 8, 16, 32, 64), num_warps=(1, 2, 4, 8, 16, 32), PREFETCH=(0, 1), WEIGHT_PER_TILE=(0, 1)
+)
 PREFETCH_MAX_PER_THREAD = 16
+WEIGHT_PER_TILE_MIN_BLOCK = 16384
 LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16))
 # With 32 warps too, for a looped forward light enough per element to keep 1024 threads busy: on the H200,
 # rms_norm's at bf16 rows of 32768 ran at 0.83 of copy with 16 warps and 0.93 with 32; softmax's at float32
@@ -185,6 +196,22 @@ def prune_looped(config: Config, n_cols: int) -> bool:
     return block <= next_power_of_2(n_cols) and per_thread_ok(block, config["num_warps"])
 
 
+def prune_backward_switches(config: Config, n_cols: int) -> bool:
+    """Whether a norm backward's PREFETCH and WEIGHT_PER_TILE suit rows of ``n_cols`` (see ROW_BLOCK_BACKWARD_CONFIGS):
+    PREFETCH on only where a thread holds at most PREFETCH_MAX_PER_THREAD elements of a tile, WEIGHT_PER_TILE on only
+    from blocks of WEIGHT_PER_TILE_MIN_BLOCK.
+
+    >>> prune_backward_switches({"ROWS": 1, "num_warps": 32, "PREFETCH": 0, "WEIGHT_PER_TILE": 1}, 16384)
+    True
+    >>> prune_backward_switches({"ROWS": 1, "num_warps": 32, "PREFETCH": 0, "WEIGHT_PER_TILE": 1}, 8192)
+    False
+    """
+    block = single_block(n_cols)
+    if config["PREFETCH"] and config["ROWS"] * block // (32 * config["num_warps"]) > PREFETCH_MAX_PER_THREAD:
+        return False
+    return not config.get("WEIGHT_PER_TILE") or block >= WEIGHT_PER_TILE_MIN_BLOCK
+
+
 def row_bucket(n_rows: int, n_cols: int) -> tuple[int, int, bool]:
     """Rows and row length rounded up to powers of two, and whether the row length is a multiple of 16."""
     return pow2(n_rows), pow2(n_cols), aligned16(n_cols)
@@ -271,15 +298,15 @@ def single_block_impl(
     n_rows: Callable[..., int] | None = None,
     *,
     max_block: int = MAX_SINGLE_BLOCK,
-    prefetch: bool = False,
+    norm_backward: bool = False,
     helpers: tuple[LazyKernel, ...] = (),
 ) -> TritonImpl:
     """The ``single_block`` implementation of a row-wise op; ``n_cols(*args)`` gives its row length. ``helpers``: the
     other kernels its launcher launches (a backward's :data:`PARTIAL_SUMS`), hashed into the tuning cache's key too.
 
     With ``n_rows`` (the row count of the same arguments), the kernel takes ``ROWS`` rows per
-    program and the configurations range over :data:`ROW_BLOCK_CONFIGS` (with ``prefetch``,
-    :data:`ROW_BLOCK_CONFIGS_PREFETCH`: the kernel takes PREFETCH, untuned off). Rows longer than
+    program and the configurations range over :data:`ROW_BLOCK_CONFIGS` (with ``norm_backward``,
+    :data:`ROW_BLOCK_BACKWARD_CONFIGS`: the kernel takes PREFETCH and WEIGHT_PER_TILE). Rows longer than
     ``max_block`` are not supported (forwards pass :data:`MAX_SINGLE_BLOCK_FORWARD`).
     """
     default: Callable[..., Config]
@@ -288,16 +315,12 @@ def single_block_impl(
         configs = SINGLE_BLOCK_CONFIGS
         default = lambda *args: single_block_default(n_cols(*args))
         prune = lambda config, *args: prune_single_block(config, n_cols(*args))
-    elif prefetch:
+    elif norm_backward:
         count = n_rows
-        configs = ROW_BLOCK_CONFIGS_PREFETCH
-        default = lambda *args: {**row_block_default(n_cols(*args), count(*args)), "PREFETCH": 0}
+        configs = ROW_BLOCK_BACKWARD_CONFIGS
+        default = lambda *args: {**row_block_default(n_cols(*args), count(*args)), "PREFETCH": 0, "WEIGHT_PER_TILE": 0}
         prune = lambda config, *args: (
-            prune_row_block(config, n_cols(*args), count(*args))
-            and (
-                not config["PREFETCH"]
-                or config["ROWS"] * single_block(n_cols(*args)) // (32 * config["num_warps"]) <= PREFETCH_MAX_PER_THREAD
-            )
+            prune_row_block(config, n_cols(*args), count(*args)) and prune_backward_switches(config, n_cols(*args))
         )
     else:
         count = n_rows

@@ -157,7 +157,7 @@ add_rms_norm_backward = Op(
             RMS_NORM_BWD,
             _backward_row_length,
             _backward_row_count,
-            prefetch=True,
+            norm_backward=True,
             helpers=(rowwise.PARTIAL_SUMS,),
         ),
         rowwise.looped_impl(

@@ -165,8 +165,9 @@ def _run_backward(
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
     per_sm = BWD_LOOPED_PROGRAMS_PER_SM if looped else rowwise.single_block_backward_programs_per_sm(block)
     rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, per_sm, config)
-    if "PREFETCH" in config and not looped:  # the single-block kernel's switch
-        meta["PREFETCH"] = bool(config["PREFETCH"])
+    for switch in ("PREFETCH", "WEIGHT_PER_TILE"):  # the single-block kernel's (rowwise.ROW_BLOCK_BACKWARD_CONFIGS)
+        if switch in config and not looped:
+            meta[switch] = bool(config[switch])
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     # One buffer of partial sums: dweight's first, then dbias's.
     sums = int(w is not None) + int(bias is not None)
@@ -288,21 +289,24 @@ def _bwd_single_block_impl(n_cols: Any, n_rows: Any) -> TritonImpl:
     def default(*args: Any) -> Config:
         rows = rowwise.row_block_default(n_cols(*args), n_rows(*args))["ROWS"]
         tile = rows * rowwise.single_block(n_cols(*args))
-        return {"ROWS": rows, "num_warps": num_warps_for(tile, elements_per_thread=8, hi=32), "PREFETCH": 0}
+        warps = num_warps_for(tile, elements_per_thread=8, hi=32)
+        return {"ROWS": rows, "num_warps": warps, "PREFETCH": 0, "WEIGHT_PER_TILE": 0}
 
     def prune(config: Config, *args: Any) -> bool:
         tile = config["ROWS"] * rowwise.single_block(n_cols(*args))
         fits = _fits(tile, config["num_warps"], BWD_PER_THREAD)
-        if config["PREFETCH"] and tile // (32 * config["num_warps"]) > rowwise.PREFETCH_MAX_PER_THREAD:
-            return False
-        return fits and rowwise.prune_row_block(config, n_cols(*args), n_rows(*args))
+        return (
+            fits
+            and rowwise.prune_backward_switches(config, n_cols(*args))
+            and rowwise.prune_row_block(config, n_cols(*args), n_rows(*args))
+        )
 
     return TritonImpl(
         "single_block",
         _launch_backward,
         (LAYER_NORM_BWD, rowwise.PARTIAL_SUMS),
         supports=lambda *args: rowwise.fits_one_block(n_cols(*args)),
-        configs=rowwise.ROW_BLOCK_CONFIGS_PREFETCH,
+        configs=rowwise.ROW_BLOCK_BACKWARD_CONFIGS,
         default_config=default,
         prune=prune,
     )

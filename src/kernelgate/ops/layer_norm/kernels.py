@@ -176,6 +176,7 @@ def _layer_norm_bwd_kernel(
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr = False,
+    WEIGHT_PER_TILE: tl.constexpr = False,
 ):
     """Gradients of layer_norm for rows that fit one block; mean and rstd are recomputed, not saved.
 
@@ -185,13 +186,15 @@ def _layer_norm_bwd_kernel(
     float32, one partial sum per program (summed on the host: no atomics), written only if
     HAS_WEIGHT / HAS_BIAS. Grid: (programs,); each program takes rows_per_program consecutive rows,
     ROWS of them at a time, each read once. PREFETCH: the next tile's x and dy are loaded before this
-    tile's reductions (the loads after the last tile are masked off).
+    tile's reductions (the loads after the last tile are masked off). WEIGHT_PER_TILE: w is loaded with each tile
+    (from cache) rather than once, so that it is not live across the loop; where a row needs most of a thread's
+    registers, that keeps less of the tile in local memory.
     """
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    if HAS_WEIGHT and not WEIGHT_PER_TILE:
+        w_kept = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     # Per-row partial sums of dw and db, reduced over the tile's rows once at the end.
     dw = tl.zeros([ROWS, BLOCK_N], tl.float32)
     db = tl.zeros([ROWS, BLOCK_N], tl.float32)
@@ -214,7 +217,13 @@ def _layer_norm_bwd_kernel(
         var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - shift * shift, 0.0)
         rstd = tl.rsqrt(var + eps)[:, None]
         xhat = tl.where(mask, (d - shift[:, None]) * rstd, 0.0)
-        g = dy * w if HAS_WEIGHT else dy
+        if HAS_WEIGHT:
+            if WEIGHT_PER_TILE:
+                g = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            else:
+                g = dy * w_kept
+        else:
+            g = dy
         mean_g = (tl.sum(g, axis=1) / n_cols)[:, None]
         mean_gxhat = (tl.sum(g * xhat, axis=1) / n_cols)[:, None]
         dx = (g - mean_g - xhat * mean_gxhat) * rstd

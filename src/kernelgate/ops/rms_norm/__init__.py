@@ -131,8 +131,9 @@ def run_backward(
     n_rows, n_cols = x_rows.n_rows, x_rows.n_cols
     per_sm = BWD_PROGRAMS_PER_SM if looped else rowwise.single_block_backward_programs_per_sm(block)
     rows_per_program, programs, meta = rowwise.row_groups(x.device, n_rows, per_sm, config)
-    if "PREFETCH" in config:  # the single-block kernel's switch: the next tile's loads before this one's reductions
-        meta["PREFETCH"] = bool(config["PREFETCH"])
+    for switch in ("PREFETCH", "WEIGHT_PER_TILE"):  # the single-block kernel's (rowwise.ROW_BLOCK_BACKWARD_CONFIGS)
+        if switch in config:
+            meta[switch] = bool(config[switch])
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
     # The looped kernel keeps each row's rstd and mean(g * xhat) here between its two passes.
@@ -221,7 +222,7 @@ rms_norm_backward = Op(
             RMS_NORM_BWD,
             lambda grad, x, *_: x.shape[-1],
             lambda grad, x, *_: _row_count(x, None, 0.0),
-            prefetch=True,
+            norm_backward=True,
             helpers=(rowwise.PARTIAL_SUMS,),
         ),
         rowwise.looped_impl(

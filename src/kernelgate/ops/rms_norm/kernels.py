@@ -146,6 +146,7 @@ def _rms_norm_bwd_kernel(
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr = False,
+    WEIGHT_PER_TILE: tl.constexpr = False,
 ):
     """Gradients of rms_norm (and of add_rms_norm, with HAS_DS) for rows that fit one block.
 
@@ -161,8 +162,8 @@ def _rms_norm_bwd_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    if HAS_WEIGHT and not WEIGHT_PER_TILE:
+        w_kept = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     # Per-row partial sums of dw, reduced over the tile's rows once at the end, not per step.
     dw = tl.zeros([ROWS, BLOCK_N], tl.float32)
     first = pid * rows_per_program
@@ -181,7 +182,13 @@ def _rms_norm_bwd_kernel(
             x, dy = x.to(tl.float32), dy.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)[:, None]
         xhat = x * rstd
-        g = dy * w if HAS_WEIGHT else dy
+        if HAS_WEIGHT:
+            if WEIGHT_PER_TILE:
+                g = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            else:
+                g = dy * w_kept
+        else:
+            g = dy
         dx = (g - xhat * (tl.sum(g * xhat, axis=1) / n_cols)[:, None]) * rstd
         if HAS_DS:
             dx += tl.load(ds_ptr + rows[:, None] * stride_dsm + cols[None, :], mask=mask, other=0.0).to(tl.float32)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -29,6 +30,16 @@ def _cubins(cache: Path) -> set[Path]:
     return set(cache.rglob("*.cubin")) if cache.exists() else set()
 
 
+def _compile(impl: Any, config: Any, values: tuple[Any, ...]) -> None:
+    """Compile what one call of ``impl`` at ``config`` launches, without running it: launches only compile
+    (Triton's warmup) while ``call_state.collect`` is set."""
+    call_state.collect = []
+    try:
+        run_candidate(impl, config, values, interpret=False, poison=False)
+    finally:
+        call_state.collect = None
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("op", [op for op in BUILTIN_OPS if op.make_inputs is not None], ids=lambda op: op.name)
 def test_every_implementation_compiles_for_sm90(triton_cache: Path, op: Op, shape: tuple[int, ...]) -> None:
@@ -41,11 +52,7 @@ def test_every_implementation_compiles_for_sm90(triton_cache: Path, op: Op, shap
         if impl.supports is not None and impl.supports(*values) is not None:
             continue
         before = _cubins(triton_cache)
-        call_state.collect = []  # launches compile (Triton's warmup) instead of running
-        try:
-            run_candidate(impl, impl.default_for(values), values, interpret=False, poison=False)
-        finally:
-            call_state.collect = None
+        _compile(impl, impl.default_for(values), values)
         assert _cubins(triton_cache) - before, f"{op.name} {impl.name}: no kernel was compiled"
         compiled += 1
     assert compiled, f"{op.name}: no implementation accepts {shape}"
@@ -64,11 +71,7 @@ def test_implementations_for_long_rows_compile_for_sm90(triton_cache: Path) -> N
             if impl.supports is None or impl.supports(*short) is None or impl.supports(*values) is not None:
                 continue
             before = _cubins(triton_cache)
-            call_state.collect = []
-            try:
-                run_candidate(impl, impl.default_for(values), values, interpret=False, poison=False)
-            finally:
-                call_state.collect = None
+            _compile(impl, impl.default_for(values), values)
             assert _cubins(triton_cache) - before, f"{op.name} {impl.name}: no kernel was compiled"
             compiled.add(f"{op.name} {impl.name}")
     persistent_looped = {f"{name} persistent_looped" for name in ("softmax", "log_softmax", "rms_norm")}
@@ -91,12 +94,26 @@ def test_switched_configurations_compile_for_sm90(
     values = op.make_inputs((2, 16448), torch.bfloat16, torch.device("cpu"))
     assert impl.configs is not None and impl.configs.validate(config) is not None, "not a member of the space"
     before = _cubins(triton_cache)
-    call_state.collect = []
-    try:
-        run_candidate(impl, config, values, interpret=False, poison=False)
-    finally:
-        call_state.collect = None
+    _compile(impl, config, values)
     assert _cubins(triton_cache) - before, f"{op_name} {impl_name} {config}: no kernel was compiled"
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("op_name", ["rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward"])
+def test_norm_backwards_compile_with_the_weight_per_tile_for_sm90(
+    triton_cache: Path, op_name: str, prefetch: int
+) -> None:
+    """The norms' single-block backwards with WEIGHT_PER_TILE on (tuned only at rows of 16384 and more) compile, with
+    PREFETCH off and on, at a row of 16000 elements in bf16 (one block of 16384, masked)."""
+    op = next(op for op in BUILTIN_OPS if op.name == op_name)
+    impl = next(i for i in op.implementations if i.name == "single_block")
+    assert op.make_inputs is not None
+    values = op.make_inputs((2, 16000), torch.bfloat16, torch.device("cpu"))
+    config = {"ROWS": 1, "num_warps": 32, "PREFETCH": prefetch, "WEIGHT_PER_TILE": 1}
+    assert config in impl.candidate_configs(values), "not a configuration tuning tries here"
+    before = _cubins(triton_cache)
+    _compile(impl, config, values)
+    assert _cubins(triton_cache) - before, f"{op_name} {config}: no kernel was compiled"
 
 
 # (op, implementation, its configuration but for NUM_STAGES, the kernel whose loop takes the stages)
@@ -124,11 +141,7 @@ def test_stages_compile_to_asynchronous_copies(
     copies = {}
     for stages in (1, 3):
         before = set(triton_cache.rglob(f"{kernel}.ptx")) if triton_cache.exists() else set()
-        call_state.collect = []
-        try:
-            run_candidate(impl, {**config, "NUM_STAGES": stages}, values, interpret=False, poison=False)
-        finally:
-            call_state.collect = None
+        _compile(impl, {**config, "NUM_STAGES": stages}, values)
         (ptx,) = set(triton_cache.rglob(f"{kernel}.ptx")) - before
         copies[stages] = ptx.read_text().count("cp.async.c")
     assert copies[1] == 0, copies

@@ -306,12 +306,16 @@ def test_no_tuning_or_sync_while_a_cuda_graph_is_captured(tmp_path: Path) -> Non
     assert not decisions.exists() or json.loads(decisions.read_text())["entries"] == {}
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4])
-@pytest.mark.parametrize(
+# The norm backwards' kernel tests below run for each of these ops.
+norm_backwards = pytest.mark.parametrize(
     "op",
     [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward],
     ids=lambda op: op.name,
 )
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@norm_backwards
 def test_norm_backward_prefetch_matches_the_reference(target: torch.device, op: kernelgate.Op, rows: int) -> None:
     """The single-block backward of rms_norm (and add_rms_norm's, which adds the gradient reaching the sum) and of
     layer_norm with PREFETCH on, the next tile's loads issued before this tile's reductions: 11 rows split over the
@@ -343,11 +347,7 @@ def test_norm_backward_tunes_prefetch_where_two_tiles_fit() -> None:
 
 
 @pytest.mark.parametrize("weighted", [True, False], ids=["affine", "no-affine"])
-@pytest.mark.parametrize(
-    "op",
-    [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward],
-    ids=lambda op: op.name,
-)
+@norm_backwards
 def test_norm_backward_weight_per_tile_matches_the_reference(
     target: torch.device, op: kernelgate.Op, weighted: bool
 ) -> None:
@@ -391,11 +391,7 @@ AFFINE_POSITIONS = {"rms_norm_backward": (2,), "add_rms_norm_backward": (3,), "l
 
 
 @pytest.mark.parametrize("weighted", [True, False], ids=["affine", "no-affine"])
-@pytest.mark.parametrize(
-    "op",
-    [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward],
-    ids=lambda op: op.name,
-)
+@norm_backwards
 def test_split_backward_matches_the_reference_over_uneven_row_groups(
     target: torch.device, op: kernelgate.Op, weighted: bool
 ) -> None:

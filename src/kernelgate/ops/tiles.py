@@ -48,3 +48,17 @@ def load_row_pair(a_ptr, b_ptr, stride_a, stride_b, rows, cols, last, col_mask):
     a = tl.load(a_ptr + rows[:, None] * stride_a + cols[None, :], mask=mask, other=0.0)
     b = tl.load(b_ptr + rows[:, None] * stride_b + cols[None, :], mask=mask, other=0.0)
     return a, b
+
+
+@triton.jit
+def weighted_gradient(dy, w_ptr, w_kept, cols, col_mask, HAS_WEIGHT: tl.constexpr, WEIGHT_PER_TILE: tl.constexpr):
+    """A norm backward's g = dy * w for a tile of rows (dy itself without a weight): w as kept by the program
+    (``w_kept``, a ``[1, BLOCK_N]`` float32 row), or with WEIGHT_PER_TILE loaded now, from cache, so that the
+    program need not keep it live across its row loop."""
+    g = dy
+    if HAS_WEIGHT:
+        if WEIGHT_PER_TILE:
+            g = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            g = dy * w_kept
+    return g

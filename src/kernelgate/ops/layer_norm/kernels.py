@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile
+from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
 
 
 @triton.jit
@@ -193,6 +193,7 @@ def _layer_norm_bwd_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
+    w_kept = 0.0  # the weight's row where the program keeps it (HAS_WEIGHT, not WEIGHT_PER_TILE)
     if HAS_WEIGHT and not WEIGHT_PER_TILE:
         w_kept = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     # Per-row partial sums of dw and db, reduced over the tile's rows once at the end.
@@ -217,13 +218,7 @@ def _layer_norm_bwd_kernel(
         var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - shift * shift, 0.0)
         rstd = tl.rsqrt(var + eps)[:, None]
         xhat = tl.where(mask, (d - shift[:, None]) * rstd, 0.0)
-        if HAS_WEIGHT:
-            if WEIGHT_PER_TILE:
-                g = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-            else:
-                g = dy * w_kept
-        else:
-            g = dy
+        g = weighted_gradient(dy, w_ptr, w_kept, cols, col_mask, HAS_WEIGHT, WEIGHT_PER_TILE)
         mean_g = (tl.sum(g, axis=1) / n_cols)[:, None]
         mean_gxhat = (tl.sum(g * xhat, axis=1) / n_cols)[:, None]
         dx = (g - mean_g - xhat * mean_gxhat) * rstd

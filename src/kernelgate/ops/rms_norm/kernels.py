@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile
+from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
 
 
 @triton.jit
@@ -162,6 +162,7 @@ def _rms_norm_bwd_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
+    w_kept = 0.0  # the weight's row where the program keeps it (HAS_WEIGHT, not WEIGHT_PER_TILE)
     if HAS_WEIGHT and not WEIGHT_PER_TILE:
         w_kept = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     # Per-row partial sums of dw, reduced over the tile's rows once at the end, not per step.
@@ -182,13 +183,7 @@ def _rms_norm_bwd_kernel(
             x, dy = x.to(tl.float32), dy.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)[:, None]
         xhat = x * rstd
-        if HAS_WEIGHT:
-            if WEIGHT_PER_TILE:
-                g = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-            else:
-                g = dy * w_kept
-        else:
-            g = dy
+        g = weighted_gradient(dy, w_ptr, w_kept, cols, col_mask, HAS_WEIGHT, WEIGHT_PER_TILE)
         dx = (g - xhat * (tl.sum(g * xhat, axis=1) / n_cols)[:, None]) * rstd
         if HAS_DS:
             dx += tl.load(ds_ptr + rows[:, None] * stride_dsm + cols[None, :], mask=mask, other=0.0).to(tl.float32)

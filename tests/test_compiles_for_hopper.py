@@ -116,6 +116,20 @@ def test_norm_backwards_compile_with_the_weight_per_tile_for_sm90(
     assert _cubins(triton_cache) - before, f"{op_name} {config}: no kernel was compiled"
 
 
+@pytest.mark.parametrize("op_name", ["softmax_backward", "log_softmax_backward"])
+def test_along_backwards_compile_one_block_of_32768_for_sm90(triton_cache: Path, op_name: str) -> None:
+    """softmax's and log_softmax's single-block backwards, which take rows up to MAX_SINGLE_BLOCK_ALONG_BACKWARD,
+    compile at its untuned configuration for a row of 32000 elements in bf16 (one block of 32768, masked)."""
+    op = next(op for op in BUILTIN_OPS if op.name == op_name)
+    impl = next(i for i in op.implementations if i.name == "single_block")
+    assert op.make_inputs is not None
+    values = op.make_inputs((2, 32000), torch.bfloat16, torch.device("cpu"))
+    assert impl.supports is not None and impl.supports(*values) is None
+    before = _cubins(triton_cache)
+    _compile(impl, impl.default_for(values), values)
+    assert _cubins(triton_cache) - before, f"{op_name}: no kernel was compiled"
+
+
 # (op, implementation, its configuration but for NUM_STAGES, the kernel whose loop takes the stages)
 STAGED = [
     ("softmax", "persistent", {"num_warps": 8, "PER_SM": 1}, "_softmax_fwd_persistent_kernel"),

@@ -16,6 +16,7 @@ from every_config import check_every_config
 from kernelgate.rowwise import (
     INTERPRETED_L2_BYTES,
     MAX_SINGLE_BLOCK,
+    MAX_SINGLE_BLOCK_ALONG_BACKWARD,
     MAX_SINGLE_BLOCK_FORWARD,
     SPLIT_MIN_COLS,
     persistent_looped_programs,
@@ -35,6 +36,9 @@ FORWARDS = {forward.name for forward, _ in ROWWISE}
 CASES = [(op, (3, 100)) for pair in ROWWISE for op in pair]
 CASES += [(forward, (2, 20000)) for forward, _ in ROWWISE] + [(backward, (11, 16411)) for _, backward in ROWWISE]
 CASES += [(forward, (2, MAX_SINGLE_BLOCK_FORWARD + 65)) for forward, _ in ROWWISE]
+# softmax's and log_softmax's backwards hold rows in one block further than the norms' backwards.
+ALONG_BACKWARDS = {"softmax_backward", "log_softmax_backward"}
+CASES += [(kernelgate.get_op(name), (2, MAX_SINGLE_BLOCK_ALONG_BACKWARD + 65)) for name in sorted(ALONG_BACKWARDS)]
 
 
 # Forwards with a persistent implementation too (rows that fit one block).
@@ -46,10 +50,14 @@ SPLIT = {"rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward"}
 
 
 def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
-    """single_block up to its limit (forwards go further than backwards), and persistent beside it where the op
-    has one; looped once a row exceeds 512 (its smallest block is 1024, and no block may be longer than the row
-    rounded up to a power of two); split beside looped from SPLIT_MIN_COLS on, where the backward has one."""
-    limit = MAX_SINGLE_BLOCK_FORWARD if op.name in FORWARDS else MAX_SINGLE_BLOCK
+    """single_block up to its limit (forwards go furthest, then softmax's and log_softmax's backwards, then the norms'
+    backwards), and persistent beside it where the op has one; looped once a row exceeds 512 (its smallest block is
+    1024, and no block may be longer than the row rounded up to a power of two); split beside looped from
+    SPLIT_MIN_COLS on, where the backward has one."""
+    if op.name in FORWARDS:
+        limit = MAX_SINGLE_BLOCK_FORWARD
+    else:
+        limit = MAX_SINGLE_BLOCK_ALONG_BACKWARD if op.name in ALONG_BACKWARDS else MAX_SINGLE_BLOCK
     one_block = {"single_block"} | ({"persistent"} if op.name in PERSISTENT else set())
     long_rows = {"persistent_looped"} if op.name in PERSISTENT_LOOPED and n_cols > MAX_SINGLE_BLOCK else set()
     split = {"split"} if op.name in SPLIT and n_cols >= SPLIT_MIN_COLS else set()

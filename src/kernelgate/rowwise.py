@@ -33,6 +33,7 @@ __all__ = [
     "LOOPED_CONFIGS_32_WARPS",
     "LOOPED_DEFAULT",
     "MAX_SINGLE_BLOCK",
+    "MAX_SINGLE_BLOCK_ALONG_BACKWARD",
     "MAX_SINGLE_BLOCK_FORWARD",
     "PARTIAL_SUMS",
     "PERSISTENT_CONFIGS",
@@ -80,6 +81,11 @@ MAX_SINGLE_BLOCK = 16384
 # so its single-block kernel also competes, in tuning, with the looped one up to this length: a
 # row read once instead of twice (spilled registers make a candidate slower, never wrong).
 MAX_SINGLE_BLOCK_FORWARD = 65536
+# softmax's and log_softmax's backwards hold two rows (y and the gradient), and their single-block kernels also
+# compete with the looped ones, which read both rows twice, up to this length. Compiled for sm_90 by Triton 3.6.0,
+# softmax's keeps 32 to 56 bytes a thread in local memory at rows of 32768, and 472 to 560 at 65536
+# (benchmarks/results/cpu/kernel-resources-along-backward/).
+MAX_SINGLE_BLOCK_ALONG_BACKWARD = 32768
 # Elements each thread holds per block: more spills registers.
 MAX_PER_THREAD = 64
 
@@ -623,6 +629,8 @@ def along_dim_backward_impls(single: LazyKernel, looped: LazyKernel) -> tuple[Tr
         return _run_backward_along(grad, y, dim, looped, config["BLOCK_N"], config)
 
     return (
-        single_block_impl(launch_single, single, _n_cols_along, _n_rows_along),
+        single_block_impl(
+            launch_single, single, _n_cols_along, _n_rows_along, max_block=MAX_SINGLE_BLOCK_ALONG_BACKWARD
+        ),
         looped_impl(launch_looped, looped, _n_cols_along),
     )

@@ -213,6 +213,25 @@ def test_a_narrow_lead_that_holds_head_to_head_wins_and_a_wide_one_is_not_timed_
     assert "head_to_head" not in entries["kgsel_wide"] and "head to head" not in entries["kgsel_wide"]["reason"]
 
 
+@pytest.mark.gpu
+def test_a_timing_is_the_hosts_where_issuing_the_calls_takes_most_of_it() -> None:
+    """On a GPU, a call that sleeps 200 us on the host and launches one small kernel is bound by the host; a matrix
+    product of 4096x4096 float32 matrices, issued in a few microseconds, is bound by the device."""
+    device = torch.device("cuda")
+    small, large = torch.randn(16, device=device), torch.randn(4096, 4096, device=device)
+
+    def sleepy() -> object:
+        time.sleep(200e-6)
+        return small * 2
+
+    def product() -> object:
+        return large @ large
+
+    assert selection._bound_by_host(sleepy, selection.time_us(sleepy, device), device)
+    assert not selection._bound_by_host(product, selection.time_us(product, device), device)
+    assert selection._bound_by_host(product, 1.0, torch.device("cpu")), "off a GPU every timing is the host's"
+
+
 # --- 2. a wrong kernel never wins ---------------------------------------------------------------
 
 

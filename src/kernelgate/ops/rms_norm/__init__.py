@@ -23,8 +23,9 @@ RMS_NORM_BWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_kern
 RMS_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_looped_kernel")
 RMS_NORM_BWD_STATS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_stats_kernel")
 RMS_NORM_BWD_COLUMNS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_columns_kernel")
-# Programs of the backward per multiprocessor: enough to fill the GPU, few enough that the partial
-# sums of dweight stay small.
+# Programs of the looped and split backwards per multiprocessor: enough to fill the GPU, few enough that the
+# partial sums of dweight stay small. The single-block backward's depend on its block
+# (rowwise.single_block_backward_programs_per_sm).
 BWD_PROGRAMS_PER_SM = 4
 
 

@@ -215,19 +215,24 @@ def test_a_narrow_lead_that_holds_head_to_head_wins_and_a_wide_one_is_not_timed_
 
 @pytest.mark.gpu
 def test_a_timing_is_the_hosts_where_issuing_the_calls_takes_most_of_it() -> None:
-    """On a GPU, a call that sleeps 200 us on the host and launches one small kernel is bound by the host; a matrix
-    product of 4096x4096 float32 matrices, issued in a few microseconds, is bound by the device."""
+    """On a GPU, a call that keeps the host busy 200 us and launches one small kernel is bound by the host; a matrix
+    product of 4096x4096 float32 matrices, issued in a few microseconds, is bound by the device.
+
+    The host waits by spinning, not sleeping: on a loaded host a sleep of 200 us took 422 us a call in the timing
+    and under 338 in the probe, so the test measured the sleep's jitter, not the probe."""
     device = torch.device("cuda")
     small, large = torch.randn(16, device=device), torch.randn(4096, 4096, device=device)
 
-    def sleepy() -> object:
-        time.sleep(200e-6)
+    def busy_host() -> object:
+        until = time.perf_counter() + 200e-6
+        while time.perf_counter() < until:
+            pass
         return small * 2
 
     def product() -> object:
         return large @ large
 
-    assert selection._bound_by_host(sleepy, selection.time_us(sleepy, device), device)
+    assert selection._bound_by_host(busy_host, selection.time_us(busy_host, device), device)
     assert not selection._bound_by_host(product, selection.time_us(product, device), device)
     assert selection._bound_by_host(product, 1.0, torch.device("cpu")), "off a GPU every timing is the host's"
 

@@ -25,7 +25,7 @@ import kernelgate
 import kernelgate.bench as bench
 from kernelgate.bench import runner as bench_runner
 from kernelgate.bench import specs as bench_specs
-from kernelgate.bench.precompile import DEFAULT_WORKERS, compile_cases, precompile
+from kernelgate.bench.precompile import WORKER_DEVICE_BYTES, compile_cases, default_workers, precompile
 from kernelgate.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, _parser, main
 from kernelgate.op import get_op
 
@@ -715,12 +715,43 @@ def test_a_worker_out_of_time_is_stopped_and_its_cases_left_to_the_run() -> None
     assert str(done).endswith(", 1 not answered")
 
 
-def test_precompile_workers_are_checked_and_the_cli_default_is_the_modules(tmp_path: Path) -> None:
-    """A negative worker count is refused with the argument named; the CLI's default is DEFAULT_WORKERS."""
+def test_precompile_workers_are_checked_and_the_cli_leaves_the_default_to_the_module(tmp_path: Path) -> None:
+    """A negative worker count is refused with the argument named; the CLI passes None, default_workers' count."""
     with pytest.raises(bench.BenchError, match=r"precompile_workers must be >= 0; got -1"):
         bench.run(["softmax"], device="cpu", precompile_workers=-1)
     parser = _parser()
-    assert parser.parse_args(["bench"]).precompile_workers == DEFAULT_WORKERS
+    assert parser.parse_args(["bench"]).precompile_workers is None
+    assert parser.parse_args(["bench", "--precompile-workers", "3"]).precompile_workers == 3
+
+
+@pytest.mark.parametrize(
+    ("cpus", "device_gib", "expected"),
+    [
+        (16, 141, 15),  # the H200 machine: the CPUs bound it, one kept for the run
+        (64, 141, 16),  # at most MAX_WORKERS
+        (64, 80, 10),  # one per 8 GiB of device memory
+        (16, 24, 3),
+        (1, 141, 1),  # at least one
+        (16, 4, 1),
+    ],
+)
+def test_default_precompile_workers_follow_the_cpus_and_the_device_memory(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, device_gib: int, expected: int
+) -> None:
+    """One fewer than the usable CPUs, at most 16, and no more than the GPU's memory holds at 8 GiB a worker."""
+    from types import SimpleNamespace
+
+    from kernelgate.bench import precompile as module
+
+    monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    monkeypatch.setattr(
+        module.torch.cuda,
+        "get_device_properties",
+        lambda device: SimpleNamespace(total_memory=device_gib * (1 << 30)),
+    )
+    assert WORKER_DEVICE_BYTES == 8 << 30
+    assert default_workers(torch.device("cuda", 0)) == expected
+    assert default_workers(torch.device("cpu")) == max(1, min(16, cpus - 1)), "off a GPU the CPUs alone decide"
 
 
 # --- on the GPU ----------------------------------------------------------------------------------

@@ -438,9 +438,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--precompile-workers",
         type=int,
-        default=8,  # kernelgate.bench.precompile.DEFAULT_WORKERS (the bench package is imported on use)
+        default=None,  # kernelgate.bench.precompile.default_workers (the bench package is imported on use)
         metavar="N",
-        help="processes compiling torch.compile's graphs before the run measures (GPU, inductor; 0: off; default 8)",
+        help="processes compiling torch.compile's graphs before the run measures (GPU, inductor; 0: off; default: "
+        "one fewer than the usable CPUs, at most 16 and one per 8 GiB of GPU memory)",
     )
     bench.add_argument("--no-liger", action="store_true", help="skip Liger-Kernel even where it is installed")
     bench.add_argument("--warmup", type=int, default=5, help="do_bench warm-up, ms (default 5)")

@@ -36,7 +36,7 @@ import torch
 from rich.console import Console
 
 from kernelgate import backend
-from kernelgate.bench.precompile import DEFAULT_WORKERS, precompile
+from kernelgate.bench.precompile import default_workers, precompile
 from kernelgate.bench.report import FORWARD, FORWARD_BACKWARD, LATENCY_BYTES, BenchRow, Provenance, print_table
 from kernelgate.bench.specs import SPECS, BenchSpec, bench_specs
 from kernelgate.bench.suite import DTYPES, BenchError, Case, Suite, default_suite, load_suite
@@ -732,7 +732,7 @@ def run(
     backward: bool = True,
     compile: bool = True,
     compile_backend: str | Callable[..., Any] = "inductor",
-    precompile_workers: int = DEFAULT_WORKERS,
+    precompile_workers: int | None = None,
     liger: bool = True,
     interpret: bool = False,
     warmup_ms: int = 5,
@@ -760,7 +760,8 @@ def run(
         compile_backend: the ``backend`` given to ``torch.compile`` (a name or a callable).
         precompile_workers: on a GPU with the inductor backend, processes that compile torch.compile's
             graphs for the whole run before it measures (:mod:`kernelgate.bench.precompile`), so its
-            first calls load them from inductor's caches; 0: each first call compiles.
+            first calls load them from inductor's caches; 0: each first call compiles; default
+            (``None``): :func:`~kernelgate.bench.precompile.default_workers`.
         liger: also measure Liger-Kernel where it is installed and has the op.
         interpret: run the Triton implementations through Triton's interpreter (CPU tensors).
         warmup_ms, rep_ms: ``do_bench``'s warm-up and measuring time per measurement (GPU).
@@ -802,7 +803,7 @@ def run(
     counts = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "repeats": repeats, "cpu_repeats": cpu_repeats}
     if host_calls is not None:
         counts["host_calls"] = host_calls
-    if precompile_workers < 0:
+    if precompile_workers is not None and precompile_workers < 0:
         raise BenchError(f"precompile_workers must be >= 0; got {precompile_workers}.")
     if not hold_us >= 0:
         raise BenchError(f"hold_us must be >= 0 microseconds; got {hold_us}.")
@@ -864,6 +865,8 @@ def run(
             started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         compile_note = ""
+        if precompile_workers is None:
+            precompile_workers = default_workers(device)
         if compile and precompile_workers and device.type == "cuda" and compile_backend == "inductor" and plan:
             ahead = precompile(plan, device, backward=backward, workers=precompile_workers)
             if ahead.compiled:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine, in two parts that each fit one call:
 #   benchmarks/run_gpu.sh tests OUT   the test suite with the kernels compiled (WORKERS, 8; TESTS: the
-#                                     paths or -k expression to run instead of all, e.g. "tests/test_ops.py")
+#                                     paths or -k expression to run instead of all, e.g. "tests/test_ops.py", split
+#                                     on spaces; TESTS_K: a -k expression kept whole, e.g. "gpu or precompile")
 #   benchmarks/run_gpu.sh extras OUT  doctor, demo, tune, a second demo on the warm cache, overhead,
 #                                     memory, the autograd step's host cost (autograd_overhead,
 #                                     autograd_threads, step conditions); the whole suite alone takes
@@ -44,8 +45,8 @@ if [ "$part" = tests ]; then
   # -rfEs: the short summary names failures and errors, not only skips; -v names each test's outcome as
   # it happens, since a time limit may cut the run off before the summary.
   # shellcheck disable=SC2086
-  within_budget python3 -m pytest ${TESTS:-tests src} -v -p no:cacheprovider -n "${WORKERS:-8}" -rfEs --durations=30 \
-    > "$out/pytest.log" 2>&1
+  within_budget python3 -m pytest ${TESTS:-tests src} ${TESTS_K:+-k "$TESTS_K"} -v -p no:cacheprovider -n "${WORKERS:-8}" \
+    -rfEs --durations=30 > "$out/pytest.log" 2>&1
   echo "pytest rc=$?" >> "$out/pytest.log"
   grep -E "FAILED|ERROR|passed|failed" "$out/pytest.log" | tail -25
 elif [ "$part" = extras ]; then

@@ -743,7 +743,7 @@ def test_default_precompile_workers_follow_the_cpus_and_the_device_memory(
 
     from kernelgate.bench import precompile as module
 
-    monkeypatch.setattr(module.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    monkeypatch.setattr(module, "usable_cpus", lambda: cpus)
     monkeypatch.setattr(
         module.torch.cuda,
         "get_device_properties",

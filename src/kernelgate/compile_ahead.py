@@ -41,6 +41,7 @@ __all__ = [
     "count_compiles",
     "default_workers",
     "shutdown",
+    "usable_cpus",
 ]
 
 # Workers left idle this long are stopped; the next tuning starts new ones.
@@ -57,17 +58,25 @@ class CompileJob(NamedTuple):
     specialization: str  # JSON, as Triton's compile hook serialises it (``JITFunction.preload`` reads it)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform says, else the machine's count).
+
+    >>> usable_cpus() >= 1
+    True
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_workers() -> int:
     """Workers used when ``KERNELGATE_COMPILE_WORKERS`` is not set: the CPUs this process may use, at most 16.
 
     >>> 1 <= default_workers() <= 16
     True
     """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(0, min(16, cpus))
+    return max(0, min(16, usable_cpus()))
 
 
 def _compile_hook(previous: Callable[..., Any] | None) -> Callable[..., Any]:

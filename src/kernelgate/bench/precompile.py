@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kernelgate.compile_ahead import usable_cpus
+
 if TYPE_CHECKING:
     from kernelgate.bench.specs import BenchSpec
     from kernelgate.bench.suite import Case
@@ -54,11 +56,7 @@ def default_workers(device: torch.device) -> int:
     >>> 1 <= default_workers(torch.device("cpu")) <= MAX_WORKERS
     True
     """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    workers = min(MAX_WORKERS, cpus - 1)
+    workers = min(MAX_WORKERS, usable_cpus() - 1)
     if device.type == "cuda":
         workers = min(workers, torch.cuda.get_device_properties(device).total_memory // WORKER_DEVICE_BYTES)
     return max(1, int(workers))

@@ -865,14 +865,13 @@ def run(
             started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         compile_note = ""
-        if precompile_workers is None:
-            precompile_workers = default_workers(device)
-        if compile and precompile_workers and device.type == "cuda" and compile_backend == "inductor" and plan:
-            ahead = precompile(plan, device, backward=backward, workers=precompile_workers)
+        if compile and precompile_workers != 0 and device.type == "cuda" and compile_backend == "inductor" and plan:
+            workers = default_workers(device) if precompile_workers is None else precompile_workers
+            ahead = precompile(plan, device, backward=backward, workers=workers)
             if ahead.compiled:
                 compile_note = f"; {ahead.compiled} of {ahead.jobs} cases' graphs compiled ahead by worker processes"
             if console is not None:
-                console.print(f"{ahead} ({precompile_workers} worker processes)")
+                console.print(f"{ahead} ({workers} worker processes)")
         runner = _Runner(
             device,
             timing,

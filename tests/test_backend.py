@@ -321,9 +321,6 @@ class _Kernel:
         return launch
 
 
-_REAL_POINTER_VALUES = backend._pointer_values
-
-
 @pytest.fixture
 def as_if_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """launch_compiled as on a CUDA device (device 0, stream 1234), with no launch cached yet, taking the stand-in
@@ -335,10 +332,6 @@ def as_if_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(backend, "_current_stream", lambda device: 1234)
     monkeypatch.setattr(backend, "_fast_launches", {})
     monkeypatch.setattr(backend, "_launches_directly", lambda kernel: True)
-    # The stand-in's tensors are on the CPU: taken as CUDA tensors, each passed by its address.
-    monkeypatch.setattr(
-        backend, "_pointer_values", lambda args: [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-    )
 
 
 @pytest.mark.usefixtures("as_if_cuda")
@@ -351,7 +344,7 @@ def test_a_launch_seen_before_calls_the_compiled_launcher_directly() -> None:
     for _ in range(3):
         backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 128, "num_warps": 4})
     assert len(kernel.through_triton) == 1 and len(kernel.direct) == 2
-    assert kernel.direct[0] == (7, 1, 1, 1234, "function", "metadata", None, None, None, x.data_ptr(), 64, 128, False)
+    assert kernel.direct[0] == (7, 1, 1, 1234, "function", "metadata", None, None, None, x, 64, 128, False)
     backend.launch_compiled(kernel, (7, 2), (x[1:], 64), {"BLOCK": 128, "num_warps": 4})
     assert len(kernel.through_triton) == 2, "an unaligned pointer is another specialisation"
     backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 256, "num_warps": 4})
@@ -373,32 +366,6 @@ def test_a_launch_seen_before_calls_the_compiled_launcher_directly() -> None:
     kernelgate.configure(fast_launch=False)
     backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 128, "num_warps": 4})
     assert len(kernel.through_triton) == 5 and len(kernel.direct) == 3, "fast_launch off: Triton's path always"
-
-
-def test_a_direct_launch_passes_cuda_tensors_by_address_and_leaves_others_to_triton() -> None:
-    """_pointer_values gives each plain tensor or parameter on a CUDA device as its address (Triton's launcher then asks
-    the driver nothing about it), keeps other values as they are, and refuses (None) a tensor elsewhere, so that
-    Triton's path names it; a CPU tensor here stands for one passed by mistake."""
-    cpu = torch.zeros(4)
-    assert backend._pointer_values((cpu, 3, 2.5)) is None
-    assert backend._pointer_values((torch.nn.Parameter(cpu), 3)) is None
-    assert backend._pointer_values((3, 2.5, None, True)) == [3, 2.5, None, True]
-    if torch.cuda.is_available():
-        x = torch.zeros(4, device="cuda")
-        w = torch.nn.Parameter(torch.zeros(4, device="cuda"))
-        assert backend._pointer_values((x, 7, w)) == [x.data_ptr(), 7, w.data_ptr()]
-
-
-@pytest.mark.usefixtures("as_if_cuda")
-def test_a_tensor_off_the_gpu_takes_tritons_path_even_when_its_launch_was_seen(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the real _pointer_values, a launch whose key is in the table but whose tensor is not on a CUDA device
-    (here every tensor: this machine's) goes through Triton's path, whose checks name the argument, every time."""
-    monkeypatch.setattr(backend, "_pointer_values", _REAL_POINTER_VALUES)
-    kernel = _Kernel()
-    x = torch.zeros(64)
-    for _ in range(3):
-        backend.launch_compiled(kernel, (7,), (x, 64), {"BLOCK": 128, "num_warps": 4})
-    assert len(kernel.through_triton) == 3 and kernel.direct == []
 
 
 @pytest.mark.usefixtures("as_if_cuda")

@@ -283,24 +283,6 @@ def _current_stream(device: int) -> int:
     return int(torch._C._cuda_getCurrentRawStream(device))
 
 
-def _pointer_values(args: Sequence[Any]) -> list[Any] | None:
-    """``args`` with each CUDA tensor replaced by its address, or ``None`` where one is not a CUDA tensor.
-
-    Triton's launcher takes an address as it is, where for a tensor it calls ``data_ptr()`` and then asks the
-    driver (``cuPointerGetAttribute``) for the address's device pointer: one driver call per pointer, every
-    launch, which returns the same address for CUDA memory. A tensor elsewhere (a CPU tensor passed by mistake)
-    takes Triton's path, whose check names it.
-    """
-    values = list(args)
-    for index, value in enumerate(values):
-        kind = type(value)
-        if kind is torch.Tensor or kind is torch.nn.Parameter:  # other tensor subclasses: Triton's own handling
-            if not value.is_cuda:
-                return None
-            values[index] = value.data_ptr()
-    return values
-
-
 def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: dict[str, Any]) -> None:
     """Launch a ``@triton.jit`` kernel compiled for the current device (directly, once Triton's path
     has launched the same specialisation)."""
@@ -314,13 +296,11 @@ def launch_compiled(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], met
     except TypeError:  # an unhashable compile-time value: Triton's path every time
         key = fast = None
     if fast is not None and fast.kernel is kernel and not _hooks_active(kernel):
-        values = _pointer_values(args)
-        if values is not None:
-            fast.run(
-                grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, _current_stream(device),
-                fast.function, fast.metadata, None, None, None, *values, *fast.trailing,
-            )  # fmt: skip
-            return
+        fast.run(
+            grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, _current_stream(device),
+            fast.function, fast.metadata, None, None, None, *args, *fast.trailing,
+        )  # fmt: skip
+        return
     compiled = kernel[grid](*args, **meta)
     # Only a plain kernel enters the table, so a hit above needs no such check.
     if key is None or compiled is None or not _launches_directly(kernel) or _hooks_active(kernel):

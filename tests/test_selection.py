@@ -900,8 +900,8 @@ def test_a_gate_failure_on_non_finite_inputs_is_not_cached() -> None:
 def test_many_passing_candidates_are_screened_and_only_finalists_get_the_full_timing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On a GPU, with more candidates than FINALISTS, the fastest four by a short timing, plus each
-    implementation's fastest, are timed fully; the rest are recorded as screened with their short time."""
+    """On a GPU, with more candidates than FINALISTS, the fastest four by the screen, plus each
+    implementation's fastest, are timed fully; the rest are recorded as screened with their screen time."""
     from kernelgate import selection
 
     calls: list[str] = []
@@ -913,11 +913,18 @@ def test_many_passing_candidates_are_screened_and_only_finalists_get_the_full_ti
     timed: list[tuple[int, bool]] = []
 
     def fake_time_us(fn: Any, device: torch.device, *, screen: bool = False) -> float:
+        assert not screen, "the screen is screen_us, not a short do_bench per candidate"
         block = fn.args[1]["BLOCK"]
-        timed.append((block, screen))
-        return short[block] if screen else short[block] + 0.5
+        timed.append((block, False))
+        return short[block] + 0.5
+
+    def fake_screen_us(fns: Any) -> list[float]:
+        blocks = [fn.args[1]["BLOCK"] for fn in fns]
+        timed.extend((block, True) for block in blocks)
+        return [short[block] for block in blocks]
 
     monkeypatch.setattr(selection, "time_us", fake_time_us)
+    monkeypatch.setattr(selection, "screen_us", fake_screen_us)
     results = selection._time_passing(passed, torch.device("cuda"), interpret=False)
     by_block = {r.config["BLOCK"]: r for r in results if r.config is not None}
     assert [b for b, screen in timed if screen] == [1, 2, 3, 4, 5, 6, 7], "every candidate screened once"
@@ -925,7 +932,7 @@ def test_many_passing_candidates_are_screened_and_only_finalists_get_the_full_ti
     assert {b for b, r in by_block.items() if r.verdict == "pass"} == {1, 2, 3, 4, 7}
     assert by_block[1].time_us == 10.5, "a finalist's time is its full timing"
     assert by_block[5].verdict == "screened" and by_block[5].time_us is None
-    assert by_block[5].detail == "50.0 us in the short timing; not among the 4 fastest"
+    assert by_block[5].detail == "50.0 us in the screen; not among the 4 fastest"
 
     timed.clear()
     few = selection._time_passing(passed[:4], torch.device("cuda"), interpret=False)
@@ -1011,6 +1018,18 @@ def test_a_steps_device_time_leaves_out_the_hosts_time_to_issue_it() -> None:
     assert back_to_back >= 2000, back_to_back
     assert held < 500, (held, "the host's 2 ms counted as device time")
     assert x.grad is None
+
+
+@pytest.mark.gpu
+def test_the_screen_ranks_by_device_time() -> None:
+    """screen_us times each function's device work: a copy of 64 MiB screens near its bandwidth time (128 MiB moved:
+    about 32 us at 4 TB/s) and far above a copy of 64 KiB."""
+    from kernelgate import selection
+
+    big, small = torch.empty(2**24, device="cuda"), torch.empty(2**14, device="cuda")
+    big_out, small_out = torch.empty_like(big), torch.empty_like(small)
+    large_us, small_us = selection.screen_us([lambda: big_out.copy_(big), lambda: small_out.copy_(small)])
+    assert 10 * small_us < large_us < 1000, (large_us, small_us)
 
 
 def _softmax_backward_rounding_products(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

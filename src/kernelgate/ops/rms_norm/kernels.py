@@ -182,14 +182,16 @@ def _rms_norm_bwd_kernel(
             x, dy = load_row_pair(x_ptr, dy_ptr, stride_xm, stride_dym, rows, cols, last, col_mask)
             x, dy = x.to(tl.float32), dy.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)[:, None]
-        xhat = x * rstd
+        # dw first, so that dy's registers can take g; and dx as rstd * g - c * x with c one number a row
+        # (c = rstd^3 * mean(g * x)), so xhat is never a vector of its own: fewer vectors live at once.
+        if HAS_WEIGHT:
+            dw += dy * (x * rstd)
         g = weighted_gradient(dy, w_ptr, w_kept, cols, col_mask, HAS_WEIGHT, WEIGHT_PER_TILE)
-        dx = (g - xhat * (tl.sum(g * xhat, axis=1) / n_cols)[:, None]) * rstd
+        c = rstd * rstd * rstd * (tl.sum(g * x, axis=1) / n_cols)[:, None]
+        dx = rstd * g - c * x
         if HAS_DS:
             dx += tl.load(ds_ptr + rows[:, None] * stride_dsm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        if HAS_WEIGHT:
-            dw += dy * xhat
     if HAS_WEIGHT:
         tl.store(dw_ptr + pid * n_cols + cols, tl.sum(dw, axis=0), mask=col_mask)
 

@@ -375,6 +375,25 @@ def test_norm_backward_weight_per_tile_matches_the_reference(
         assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None, config
 
 
+@pytest.mark.parametrize("op", [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward], ids=lambda op: op.name)
+def test_rms_norm_backward_in_the_few_live_order_matches_the_reference(target: torch.device, op: kernelgate.Op) -> None:
+    """At a row of 16000 (one block of 16384, masked) rms_norm's single-block backward takes the FEW_LIVE order, as
+    add_rms_norm's does at every length (shorter rows of each are in the tests above): over 5 rows split over the
+    programs, 1 and 2 rows a tile, with the weight kept and loaded per tile, the reference's results."""
+    from kernelgate.ops.rms_norm import FEW_LIVE_MIN_BLOCK
+    from kernelgate.rowwise import single_block
+
+    assert single_block(16000) >= FEW_LIVE_MIN_BLOCK
+    assert op.make_inputs is not None
+    values = tuple(op.make_inputs((5, 16000), torch.float32, target))
+    impl = next(i for i in op.implementations if i.name == "single_block")
+    expected = op.reference(*values)
+    for rows, weight_per_tile in ((1, 0), (2, 1)):
+        config = {"ROWS": rows, "num_warps": 4, "PREFETCH": 0, "WEIGHT_PER_TILE": weight_per_tile}
+        got = run_candidate(impl, config, values, target.type == "cpu", poison=True)
+        assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None, config
+
+
 def test_norm_backward_tunes_weight_per_tile_only_where_every_configuration_spills() -> None:
     """WEIGHT_PER_TILE is a candidate from blocks of WEIGHT_PER_TILE_MIN_BLOCK (rows of 16384), beside every
     configuration without it, and not at rows of 8192; untuned, it is off."""

@@ -217,19 +217,16 @@ def _layer_norm_bwd_kernel(
         shift = tl.sum(d, axis=1) / n_cols
         var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - shift * shift, 0.0)
         rstd = tl.rsqrt(var + eps)[:, None]
-        # With e = x - mean (xhat = e * rstd): dw and db first, so that dy's registers can take g; then
-        # dx = rstd * g + c1 * e + c0, with c1 = -rstd^3 * mean(g * e) and c0 = -rstd * mean(g) one number a row
-        # each, so xhat is never a vector of its own: fewer vectors live at once.
-        e = tl.where(mask, d - shift[:, None], 0.0)
+        xhat = tl.where(mask, (d - shift[:, None]) * rstd, 0.0)
+        g = weighted_gradient(dy, w_ptr, w_kept, cols, col_mask, HAS_WEIGHT, WEIGHT_PER_TILE)
+        mean_g = (tl.sum(g, axis=1) / n_cols)[:, None]
+        mean_gxhat = (tl.sum(g * xhat, axis=1) / n_cols)[:, None]
+        dx = (g - mean_g - xhat * mean_gxhat) * rstd
+        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
         if HAS_WEIGHT:
-            dw += dy * (e * rstd)
+            dw += dy * xhat
         if HAS_BIAS:
             db += dy
-        g = weighted_gradient(dy, w_ptr, w_kept, cols, col_mask, HAS_WEIGHT, WEIGHT_PER_TILE)
-        c0 = -rstd * (tl.sum(g, axis=1) / n_cols)[:, None]
-        c1 = -rstd * rstd * rstd * (tl.sum(g * e, axis=1) / n_cols)[:, None]
-        dx = rstd * g + c1 * e + c0
-        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
     if HAS_WEIGHT:
         tl.store(dw_ptr + pid * n_cols + cols, tl.sum(dw, axis=0), mask=col_mask)
     if HAS_BIAS:

@@ -99,6 +99,16 @@ def _row_count(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> int:
     return x.numel() // max(int(x.shape[-1]), 1)
 
 
+# The single-block backward's FEW_LIVE order (dw before dx, dx from one number a row, xhat never a vector): always
+# for add_rms_norm (with grad_s), and for rms_norm from blocks of FEW_LIVE_MIN_BLOCK. Compiled for sm_90 by Triton
+# 3.6.0 it keeps less in local memory where a row spills (add_rms_norm bf16 at 4096x16384: 96 bytes a thread at 8
+# warps against 344, none against 88 at 32 warps with WEIGHT_PER_TILE). On the H200, tuned over the same
+# configurations (benchmarks/results/h200/norm-backward-9904764-5f9af52/), add_rms_norm's backward took 2 to 19 %
+# less time at every shape measured (rows of 512, 8192 and 16384, float32 and bfloat16), rms_norm's 10 to 12 % less
+# at rows of 16384, but 5.6 % more at bf16 8192x8192 and 1.6 % more at float32 65536x512.
+FEW_LIVE_MIN_BLOCK = 16384
+
+
 def _make_inputs(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -135,6 +145,8 @@ def run_backward(
     for switch in ("PREFETCH", "WEIGHT_PER_TILE"):  # the single-block kernel's (rowwise.ROW_BLOCK_BACKWARD_CONFIGS)
         if switch in config:
             meta[switch] = bool(config[switch])
+    if not looped:
+        meta["FEW_LIVE"] = grad_s is not None or block >= FEW_LIVE_MIN_BLOCK
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     partial = torch.empty((programs, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
     # The looped kernel keeps each row's rstd and mean(g * xhat) here between its two passes.

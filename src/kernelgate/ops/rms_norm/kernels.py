@@ -147,6 +147,7 @@ def _rms_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr = False,
     WEIGHT_PER_TILE: tl.constexpr = False,
+    FEW_LIVE: tl.constexpr = False,
 ):
     """Gradients of rms_norm (and of add_rms_norm, with HAS_DS) for rows that fit one block.
 
@@ -157,7 +158,9 @@ def _rms_norm_bwd_kernel(
     ds_ptr read only with HAS_DS; w_ptr: (n_cols,); dw_ptr: (programs, n_cols) float32, one partial
     sum of dw per program (summed on the host: no atomics). Grid: (programs,); each program takes
     rows_per_program consecutive rows, ROWS of them at a time. PREFETCH: the next tile's x and dy are
-    loaded before this tile's reductions (the loads after the last tile are masked off).
+    loaded before this tile's reductions (the loads after the last tile are masked off). FEW_LIVE: the same
+    gradients in an order that keeps fewer whole-tile vectors live at once (dw before dx, xhat never stored), for
+    tiles that do not fit a thread's registers (see the launcher's rule).
     """
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -182,13 +185,19 @@ def _rms_norm_bwd_kernel(
             x, dy = load_row_pair(x_ptr, dy_ptr, stride_xm, stride_dym, rows, cols, last, col_mask)
             x, dy = x.to(tl.float32), dy.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)[:, None]
-        # dw first, so that dy's registers can take g; and dx as rstd * g - c * x with c one number a row
-        # (c = rstd^3 * mean(g * x)), so xhat is never a vector of its own: fewer vectors live at once.
-        if HAS_WEIGHT:
-            dw += dy * (x * rstd)
-        g = weighted_gradient(dy, w_ptr, w_kept, cols, col_mask, HAS_WEIGHT, WEIGHT_PER_TILE)
-        c = rstd * rstd * rstd * (tl.sum(g * x, axis=1) / n_cols)[:, None]
-        dx = rstd * g - c * x
+        if FEW_LIVE:
+            # dw first, so that dy's registers can take g; and dx as rstd * g - c * x with c one number a row
+            # (c = rstd^3 * mean(g * x)), so xhat is never a vector of its own.
+            if HAS_WEIGHT:
+                dw += dy * (x * rstd)
+            g = weighted_gradient(dy, w_ptr, w_kept, cols, col_mask, HAS_WEIGHT, WEIGHT_PER_TILE)
+            dx = rstd * g - rstd * rstd * rstd * (tl.sum(g * x, axis=1) / n_cols)[:, None] * x
+        else:
+            xhat = x * rstd
+            g = weighted_gradient(dy, w_ptr, w_kept, cols, col_mask, HAS_WEIGHT, WEIGHT_PER_TILE)
+            dx = (g - xhat * (tl.sum(g * xhat, axis=1) / n_cols)[:, None]) * rstd
+            if HAS_WEIGHT:
+                dw += dy * xhat
         if HAS_DS:
             dx += tl.load(ds_ptr + rows[:, None] * stride_dsm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)

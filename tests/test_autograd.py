@@ -311,6 +311,56 @@ def test_a_forward_and_backward_planned_to_the_reference_run_eager_autograd_afte
     assert counts["softmax"] == 3, "every forward took the reference and was counted"
 
 
+def _counting_forward_routes(monkeypatch: pytest.MonkeyPatch, op: kernelgate.Op) -> list[int]:
+    """Counts the calls of ``op.forward_route`` (the memoised route an autograd call consults)."""
+    calls: list[int] = []
+    forward_route = op.forward_route
+
+    def counted(values: tuple[object, ...]) -> object:
+        calls.append(1)
+        return forward_route(values)
+
+    monkeypatch.setattr(op, "forward_route", counted)
+    return calls
+
+
+def test_a_signature_stepping_eagerly_for_good_skips_its_forward_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a signature's steps run eager autograd of the reference for good, later autograd calls of it run the
+    reference without consulting the forward's route again, the fallback still counted on each; after the memos are
+    cleared the route is consulted again, and the next call goes through the Function."""
+    kernelgate.configure(warn_fallback=False)
+    x = torch.randn(3, 40, requires_grad=True)
+    g = torch.randn(3, 40)
+    (expected,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
+    torch.autograd.grad(kernelgate.softmax(x, -1), x, g)  # the Function's step: its backward ran the reference
+    routes = _counting_forward_routes(monkeypatch, kernelgate.softmax)
+    kernelgate.softmax(x, -1)
+    assert len(routes) == 1, "the first eager step reads the route and keeps its verdict"
+    for _ in range(3):
+        y = kernelgate.softmax(x, -1)
+        assert y.grad_fn is not None and not _is_kernelgate_function(y)
+    assert len(routes) == 1, "later steps of the signature skip it"
+    assert_close(torch.autograd.grad(y, x, g)[0], expected)
+    assert {r.op: r.count for r in kernelgate.fallbacks()}["softmax"] == 5, "every forward was counted"
+    kernelgate.op.clear_memos()
+    assert _is_kernelgate_function(kernelgate.softmax(x, -1)), "the verdict went with the memos"
+    assert len(routes) > 1
+
+
+def test_a_backward_choosing_its_forward_per_call_keeps_no_step_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cross_entropy's Backward chooses its forward per call from the incoming gradient seen last, so every autograd
+    call of a signature consults the forward's route, also once its steps run eager autograd."""
+    kernelgate.configure(warn_fallback=False)
+    logits = torch.randn(4, 10, requires_grad=True)
+    target = torch.tensor([1, 0, 9, 3])
+    torch.autograd.grad(kernelgate.cross_entropy(logits, target), logits)
+    routes = _counting_forward_routes(monkeypatch, kernelgate.cross_entropy)
+    for _ in range(3):
+        loss = kernelgate.cross_entropy(logits, target)
+        assert not _is_kernelgate_function(loss)
+    assert len(routes) == 3
+
+
 def test_a_backward_that_runs_a_kernel_keeps_the_function() -> None:
     """A forward planned to the reference whose backward op runs its Triton kernel (here: softmax_backward in mode
     triton, interpreted) keeps kernelgate's Function, so the backward keeps its kernel."""

@@ -249,6 +249,34 @@ def test_mode_precedence() -> None:
         assert _plan_reason(op) is Reason.MODE_REFERENCE, "leaving use_mode() restores KERNELGATE_MODE"
 
 
+def test_the_first_use_mode_reaches_a_call_memoised_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until use_mode or use_interpreter is first entered, a call reads no context variable; a signature memoised
+    before then still takes the mode of the first use_mode entered."""
+    monkeypatch.setattr(kernelgate.dispatch, "overridden", False)
+    calls: list[str] = []
+    op = make_op(calls, fake_impl(calls))
+    op(torch.ones(3), 2.0)
+    assert calls == ["reference"] and not kernelgate.dispatch.overridden
+    with kernelgate.use_mode("triton"), pytest.raises(TritonUnavailableError, match=cpu_reason()):
+        op(torch.ones(3), 2.0)
+    assert kernelgate.dispatch.overridden
+
+
+def test_the_first_use_interpreter_reaches_a_call_memoised_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signature memoised before any use_interpreter (here: refused in the op's mode triton, on CPU tensors) runs
+    its implementation through the interpreter inside the first use_interpreter entered."""
+    monkeypatch.setattr(kernelgate.dispatch, "overridden", False)
+    calls: list[str] = []
+    op = make_op(calls, fake_impl(calls))
+    op.set_mode("triton")
+    with pytest.raises(TritonUnavailableError, match=cpu_reason()):
+        op(torch.ones(3), 2.0)
+    with kernelgate.use_interpreter():
+        assert torch.equal(op(torch.ones(3), 2.0), torch.full((3,), 2.0))
+    assert calls[-1] == "fake"
+    assert kernelgate.dispatch.overridden
+
+
 def test_use_mode_for_one_op_leaves_other_ops_alone() -> None:
     """use_mode(mode, op=name) changes only the op called name."""
     calls: list[str] = []

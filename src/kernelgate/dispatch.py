@@ -110,6 +110,10 @@ _mode_all: contextvars.ContextVar[Mode | None] = contextvars.ContextVar("kernelg
 # Never mutated: use_mode() sets a new dict.
 _mode_ops: contextvars.ContextVar[dict[str, Mode]] = contextvars.ContextVar("kernelgate_op_modes", default={})  # noqa: B039
 _interpret: contextvars.ContextVar[bool | None] = contextvars.ContextVar("kernelgate_interpret", default=None)
+# Whether use_mode or use_interpreter has ever been entered in this process: until then every call's mode is
+# its op's or the settings', and its interpreter choice the settings', without reading the context variables
+# (about 0.1 us of a call's 1 to 2 us of dispatch).
+overridden = False
 
 
 @contextlib.contextmanager
@@ -121,6 +125,7 @@ def use_mode(mode: str, *, op: str | Op | None = None) -> Iterator[None]:
     ...     kernelgate.softmax(torch.zeros(2)).tolist()
     [0.5, 0.5]
     """
+    global overridden
     checked = parse_mode(mode, source="use_mode(mode)")
     if isinstance(op, str):
         from kernelgate.op import get_op
@@ -131,6 +136,7 @@ def use_mode(mode: str, *, op: str | Op | None = None) -> Iterator[None]:
             raise SettingsError(f"use_mode(op={op!r}): {err.args[0]} Name a registered op, or pass the op.") from err
     elif op is not None:
         op = op.name
+    overridden = True
     if op is None:
         token = _mode_all.set(checked)
         try:
@@ -151,6 +157,8 @@ def use_interpreter(enabled: bool = True) -> Iterator[None]:
 
     Kernels then run on CPU tensors and a ``breakpoint()`` inside a kernel stops in pdb.
     """
+    global overridden
+    overridden = True
     token = _interpret.set(enabled)
     try:
         yield

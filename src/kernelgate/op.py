@@ -160,8 +160,10 @@ class TritonImpl:
 
 
 # The settings module itself (the package re-exports a function of the same name): the hot path
-# reads its current settings and generation without a function call.
+# reads its current settings and generation without a function call; and the dispatch module, whose
+# flag of override contexts it reads likewise.
 _settings_module = importlib.import_module("kernelgate.settings")
+_dispatch_module = importlib.import_module("kernelgate.dispatch")
 
 
 def _index_extent(t: torch.Tensor) -> int:
@@ -291,6 +293,12 @@ class Op:
         self._defaults = {p.name: p.default for p in params if p.default is not p.empty}
         self._tensor_positions = tuple(i for i, s in enumerate(self.args) if isinstance(s, TensorArg))
         self._memo: dict[tuple[Any, ...], _Route] = {}
+        # Autograd call signatures (_dispatch's key, grad on) whose steps run eager autograd of the reference for
+        # good: the forward route that decided it, and the memo epoch it was decided in (_memo_epoch).
+        self._eager_steps: dict[tuple[Any, ...], tuple[_Route, int]] = {}
+        # Whether the forward eager autograd runs is fixed per signature (a Backward may choose it per call from
+        # state, as cross_entropy's does; then no verdict is kept).
+        self._static_forward = backward is None or backward.forward is None or isinstance(backward.forward, Op)
         self._arity = len(params)
         self._calls = 0
         self.__signature__ = inspect.signature(reference)
@@ -320,7 +328,11 @@ class Op:
 
     def clear_memo(self) -> None:
         """Forget memoised call plans (after the decision cache changed)."""
+        global _memo_epoch
         self._memo = {}
+        self._eager_steps = {}
+        # Another op's kept eager-step verdicts may rest on this op's routes (its Backward's forward).
+        _memo_epoch += 1
 
     # --- binding and planning ---------------------------------------------------------------
 
@@ -582,24 +594,45 @@ class Op:
             return self.torch_op(*values)
         return self._dispatch(values, self.torch_op is not None)
 
-    def _autograd_call(self, values: tuple[Any, ...]) -> Any:
-        """A call that autograd or a trace must see.
+    def _autograd_call(self, values: tuple[Any, ...], key: tuple[Any, ...] | None = None) -> Any:
+        """A call that autograd or a trace must see; ``key``: _dispatch's signature of it, where every tensor
+        is plain (``None``: one is not, or it could not be hashed).
 
         Eager autograd of plain tensors goes through the op's own ``torch.autograd.Function``: the
         same save and backward as the operator's, at about two thirds of its host cost (no
         dispatcher round trip, no schema work per call). Traces, tensor subclasses, functorch
-        transforms and mutating ops go through the PyTorch operator.
+        transforms and mutating ops go through the PyTorch operator. A signature whose steps run
+        eager autograd of the reference for good skips the forward's route and the step's verdict.
         """
         if self.mutates or torch._C._are_functorch_transforms_active():
             return self.torch_op(*values)
-        for v in values:
-            if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter:
-                return self.torch_op(*values)
-        route = self.forward_route(values)
+        if key is None:
+            for v in values:
+                if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter:
+                    return self.torch_op(*values)
+            route = self.forward_route(values)
+        else:
+            try:
+                kept = self._eager_steps.get(key)
+            except TypeError:  # an unhashable argument
+                kept, key = None, None
+            if kept is not None and kept[1] == _memo_epoch:
+                route = kept[0]
+                if route.fallback_key is not None:
+                    count_fallback(
+                        route.fallback_key, route.plan, (_settings_module._current or settings()).warn_fallback
+                    )
+                return self.reference(*values)
+            route = self.forward_route(values)
         if route is not None and self._steps_eagerly(values, route):
             # Eager autograd of the reference: the same work as the Function where both passes run the
             # reference, or a step timed faster than the Function's (whose host cost is 250 to 600 us a
-            # step on the H200's host, several times a small kernel's time).
+            # step on the H200's host, several times a small kernel's time). Either verdict is final for
+            # the signature (the Function, which alone could change it, no longer runs it).
+            if key is not None and self._static_forward:
+                if len(self._eager_steps) >= MEMO_LIMIT:
+                    self._eager_steps = {}
+                self._eager_steps[key] = (route, _memo_epoch)
             if route.fallback_key is not None:
                 count_fallback(route.fallback_key, route.plan, (_settings_module._current or settings()).warn_fallback)
             return self.reference(*values)
@@ -813,22 +846,29 @@ class Op:
         # a tensor that needs autograd, or one that is not plain (fake, functional: a trace such
         # as AOT autograd's of a backward), sends the call through the PyTorch operator instead.
         current = _settings_module._current or settings()
-        mode = effective_mode(self.name, self.mode, current.mode)
-        interpret = effective_interpret(current.interpret)
+        if _dispatch_module.overridden:
+            mode = effective_mode(self.name, self.mode, current.mode)
+            interpret = effective_interpret(current.interpret)
+        else:
+            mode, interpret = self.mode or current.mode, current.interpret
         grad = torch.is_grad_enabled()
         # The same key as forward_route builds (there with grad off): keep the two in step.
         signature = [mode, interpret, _settings_module._generation, grad, inside_torch_op.active]
+        autograd = False
         for v in values:
             if isinstance(v, torch.Tensor):
                 requires_grad = v.requires_grad
-                if via_operator and (
-                    (grad and requires_grad) or (type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter)
-                ):
-                    return self._autograd_call(values)
+                if via_operator:
+                    if type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter:
+                        return self._autograd_call(values)
+                    if grad and requires_grad:
+                        autograd = True
                 signature.append((v.dtype, v.shape, v.stride(), v.device, requires_grad))
             else:
                 signature.append((type(v), v))
         memo_key: tuple[Any, ...] | None = tuple(signature)
+        if autograd:
+            return self._autograd_call(values, memo_key)
         try:
             route = self._memo.get(memo_key)  # type: ignore[arg-type]
         except TypeError:  # an unhashable argument: the contract rejects it below
@@ -1055,6 +1095,8 @@ class Op:
 
 
 MEMO_LIMIT = 4096
+# Counts clear_memo calls: an eager-step verdict kept from an earlier epoch may rest on a forgotten route.
+_memo_epoch = 0
 # Interleaved rounds in which the forward+backward step is timed both ways (Op._eager_step_is_faster), each
 # round STEP_CALLS steps back to back (selection.time_autograd_step).
 STEP_ROUTE_ROUNDS = 5

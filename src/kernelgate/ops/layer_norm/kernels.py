@@ -29,8 +29,7 @@ def _add_pair(a, b, c, d):
 @triton.jit
 def _row_means(u, v, n_cols):
     """The means of ``u`` and ``v`` along each row of a (ROWS, BLOCK_N) tile, in one reduction: one exchange
-    between warps instead of two, while the tile waits in registers (a multiprocessor holds one program at rows
-    of 32768, so nothing overlaps that wait)."""
+    between warps instead of two, while the tile waits in registers."""
     u_sum, v_sum = tl.reduce((u, v), 1, _add_pair)
     return u_sum / n_cols, v_sum / n_cols
 
@@ -74,7 +73,10 @@ def _layer_norm_fwd_kernel(
     d = x - (tl.sum(x, axis=1) / n_cols)[:, None]
     if not EVEN_N:
         d = tl.where(mask, d, 0.0)
-    shift, var = _deviation_moments(d, n_cols)
+    # Two reductions, not one of the pair (as the backward takes them): on the H200 the pair made this kernel
+    # 1.7 to 5 % slower at rows of 4096 to 16384 (float32 2048x16384: 72.7 -> 76.4 us).
+    shift = tl.sum(d, axis=1) / n_cols
+    var = tl.maximum(tl.sum(d * d, axis=1) / n_cols - shift * shift, 0.0)
     y = (d - shift[:, None]) * tl.rsqrt(var + eps)[:, None]
     if HAS_WEIGHT:
         y = y * load_tile(w_ptr + cols, col_mask, 0.0, EVEN_N, "").to(tl.float32)[None, :]

@@ -16,64 +16,16 @@ Writes JSON with provenance (the Triton that compiled, the target) and prints on
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
-import tempfile
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import torch
-import triton
 from provenance import provenance, write_json  # benchmarks/provenance.py, beside this script
 
-from kernelgate import backend, compile_ahead
+from kernelgate.bench.resources import compile_only, compiled_kernels, cubin_resources
 from kernelgate.config import config_label
-from kernelgate.launch import call_state
 from kernelgate.op import get_op
-from kernelgate.selection import run_candidate
-
-USAGE = re.compile(r"Function (\S+):\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
-
-
-def _compile_only_target(arch: int) -> Any:
-    """Make Triton compile for sm_``arch`` with no GPU (a driver that names the target and never launches)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
-
-    target = GPUTarget("cuda", arch, 32)
-    driver.set_active(compile_ahead._CompileOnlyDriver(target))  # type: ignore[arg-type]
-    return target
-
-
-def _resources(cubin: bytes, cuobjdump: str) -> list[dict[str, Any]]:
-    """Each function's registers, local (STACK) and shared memory in a cubin, from ``cuobjdump -res-usage``."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
-        file.write(cubin)
-        file.flush()
-        report = subprocess.run([cuobjdump, "-res-usage", file.name], capture_output=True, text=True, check=True)
-    return [
-        {"function": name, "registers": int(reg), "stack_bytes": int(stack), "shared_bytes": int(shared)}
-        for name, reg, stack, shared, _ in USAGE.findall(report.stdout)
-    ]
-
-
-def compiled_kernels(impl: Any, config: Any, values: tuple[Any, ...]) -> list[Any]:
-    """The compiled kernels one call of ``impl`` at ``config`` launches, compiled (or loaded from Triton's cache)
-    and not run."""
-    compiled: list[Any] = []
-    warm = backend.warm_compiled
-
-    def keep(kernel: Any, grid: Any, args: Any, meta: Any) -> None:
-        compiled.append(kernel.warmup(*args, grid=grid, **meta))
-
-    backend.warm_compiled = keep  # type: ignore[assignment]
-    call_state.collect = []
-    try:
-        run_candidate(impl, config, values, interpret=False, poison=False)
-    finally:
-        call_state.collect = None
-        backend.warm_compiled = warm  # type: ignore[assignment]
-    return compiled
 
 
 def measure(op_name: str, shape: tuple[int, ...], dtype: torch.dtype, impls: list[str] | None) -> list[dict[str, Any]]:
@@ -83,7 +35,6 @@ def measure(op_name: str, shape: tuple[int, ...], dtype: torch.dtype, impls: lis
         raise SystemExit(f"{op_name} declares no make_inputs, so no inputs can be made for it; pick another op")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     values = op.make_inputs(shape, dtype, device)
-    cuobjdump = triton.knobs.nvidia.cuobjdump.path
     rows = []
     for impl in op.implementations:
         if impls is not None and impl.name not in impls:
@@ -99,14 +50,17 @@ def measure(op_name: str, shape: tuple[int, ...], dtype: torch.dtype, impls: lis
                 rows.append({"implementation": impl.name, "config": label, "error": f"{type(err).__name__}: {err}"})
                 continue
             for kernel in kernels:
-                for usage in _resources(kernel.asm["cubin"], cuobjdump):
+                for usage in cubin_resources(kernel.asm["cubin"], kernel.metadata.num_warps):
                     rows.append(
                         {
                             "implementation": impl.name,
                             "config": label,
                             "kernel": kernel.name,
-                            "num_warps": kernel.metadata.num_warps,
-                            **usage,
+                            "num_warps": usage.num_warps,
+                            "function": usage.kernel,
+                            "registers": usage.registers,
+                            "stack_bytes": usage.local_bytes,
+                            "shared_bytes": usage.shared_bytes,
                         }
                     )
     return rows
@@ -122,8 +76,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     shape = tuple(int(v) for v in args.shape.split("x"))
-    target = None if torch.cuda.is_available() else _compile_only_target(args.arch)
-    rows = measure(args.op, shape, getattr(torch, args.dtype), args.impl)
+    on_gpu = torch.cuda.is_available()
+    with contextlib.nullcontext() if on_gpu else compile_only(args.arch):
+        rows = measure(args.op, shape, getattr(torch, args.dtype), args.impl)
     for row in rows:
         if "error" in row:
             print(f"{row['implementation']}[{row['config']}]: {row['error'][:200]}")
@@ -138,7 +93,7 @@ def main() -> None:
         {
             "benchmark": "kernel resources (cuobjdump -res-usage of each compiled kernel), nothing launched",
             **provenance(device),
-            "target": f"sm_{target.arch} (compile only)" if target is not None else "this GPU",
+            "target": "this GPU" if on_gpu else f"sm_{args.arch} (compile only)",
             "op": args.op,
             "shape": list(shape),
             "dtype": args.dtype,

@@ -23,6 +23,7 @@ from rich.console import Console
 
 import kernelgate
 import kernelgate.bench as bench
+from kernelgate.bench import report
 from kernelgate.bench import runner as bench_runner
 from kernelgate.bench import specs as bench_specs
 from kernelgate.bench.precompile import WORKER_DEVICE_BYTES, compile_cases, default_workers, precompile
@@ -402,6 +403,32 @@ def test_misses_apply_each_target(interpreted: list[bench.BenchRow]) -> None:
     assert "speed of eager" in found[1] and "slower than eager" in found[2]
     host = dataclasses.replace(eager, regime="latency", host_us=10.0, impl="triton:single_block")
     assert "host cost" in bench.misses([host, dataclasses.replace(fast, regime="latency", host_us=12.5)])[0]
+
+
+def test_kernel_notes_end_the_forward_bandwidth_misses_of_their_cases(
+    interpreted: list[bench.BenchRow], tmp_path: Path
+) -> None:
+    """A forward case at a bandwidth shape below the target, where kernelgate ran a Triton candidate, is one of
+    kernel_cases with that candidate's label; its note ends the bandwidth miss in the summary and no other miss. A
+    case that meets the target, or ran the reference, is not one."""
+    base = next(r for r in interpreted if r.shape == "4x1000" and r.direction == "forward" and r.impl == "eager")
+    eager = dataclasses.replace(base, regime="bandwidth", time_us=100.0, frac_of_copy=0.5)
+    ours = dataclasses.replace(
+        eager, impl="kernelgate", time_us=99.0, frac_of_copy=0.8, note="auto: single_block[ROWS=1,num_warps=4] (tuned)"
+    )
+    assert report.kernel_cases([eager, ours]) == [("softmax", base.dtype, "4x1000", "single_block[ROWS=1,num_warps=4]")]
+    assert report.kernel_cases([eager, dataclasses.replace(ours, frac_of_copy=0.95)]) == []
+    reference = dataclasses.replace(ours, note="auto: reference (reference-faster: the reference was faster)")
+    assert report.kernel_cases([eager, reference]) == []
+    slower = dataclasses.replace(ours, time_us=110.0)  # also slower than eager and behind it
+    note = "; its kernel _k keeps 101 registers a thread"
+    text = bench.write_summary(
+        [eager, slower], tmp_path / "summary.md", kernel_notes={("softmax", base.dtype, "4x1000"): note}
+    ).read_text()
+    missed = [line for line in text.splitlines() if line.startswith("- softmax")]
+    assert len(missed) == 3, missed
+    assert missed[0].endswith(note) and "of copy bandwidth" in missed[0]
+    assert all(note not in line for line in missed[1:])
 
 
 def test_forward_backward_misses_name_the_autograd_gap(interpreted: list[bench.BenchRow]) -> None:

@@ -338,6 +338,20 @@ def replay_command(console: Console, path: Path) -> int:
     return EXIT_PROBLEM
 
 
+def _kernel_notes(console: Console, rows: list[Any], arch: int | None) -> dict[tuple[str, str, str], str]:
+    """What the kernels behind forward bandwidth misses hold (registers, local memory), where Triton compiles for
+    NVIDIA GPUs here (this one, or sm_``arch``); each case that could not be read is printed with why."""
+    status = backend.status()
+    if status.triton_version is None or (arch is None and status.target != "cuda"):
+        return {}
+    from kernelgate.bench.resources import kernel_notes
+
+    notes, unread = kernel_notes(rows, arch)
+    for line in unread:
+        console.print(f"[yellow]kernel resources not read: {line}[/yellow]")
+    return notes
+
+
 def bench_command(console: Console, args: argparse.Namespace) -> int:
     """``kernelgate bench``: measure, then write the CSV, summary.md and one PNG per op (``--plot CSV``: redraw)."""
     from kernelgate import bench
@@ -384,7 +398,8 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
     except (bench.BenchError, OSError) as err:
         console.print(f"[red]kernelgate bench: {err}[/red]")
         return EXIT_USAGE
-    console.print(f"summary: {bench.write_summary(rows, out / 'summary.md', runs=runs)}")
+    notes = _kernel_notes(console, rows, args.kernel_arch)
+    console.print(f"summary: {bench.write_summary(rows, out / 'summary.md', runs=runs, kernel_notes=notes)}")
     if bench.plots_available():
         for path in bench.write_plots(rows, out):
             console.print(f"plot: {path}")
@@ -466,6 +481,13 @@ def _parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="keep the cases OUT/bench.csv already holds; measure only the rest"
     )
     bench.add_argument("--interpret", action="store_true", help="run Triton kernels interpreted on the CPU")
+    bench.add_argument(
+        "--kernel-arch",
+        type=int,
+        metavar="ARCH",
+        help="read the registers and local memory of the kernels behind forward bandwidth misses compiled for "
+        "sm_ARCH (e.g. 90, to redraw an H200 run without a GPU; default: this GPU's, none without one)",
+    )
     return parser
 
 

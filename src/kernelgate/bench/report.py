@@ -258,8 +258,35 @@ def misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[str]:
     return [m.text for m in _find_misses(rows, targets)]
 
 
-def _find_misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[_Miss]:
-    """Every missed target of kernelgate in ``rows``, with its cause where the run shows one."""
+# A case: (op, dtype, shape), the key of a kernel note.
+KernelNotes = dict[tuple[str, str, str], str]
+
+
+def kernel_cases(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[tuple[str, str, str, str]]:
+    """The forward cases at bandwidth shapes below the bandwidth target where kernelgate ran a Triton candidate:
+    ``(op, dtype, shape, candidate label)``, whose kernels' resources (:mod:`kernelgate.bench.resources`) may say
+    why."""
+    found = []
+    for (op, dtype, direction, shape), by_impl in _cases(rows).items():
+        ours = by_impl.get("kernelgate")
+        chosen = _CHOSEN.match(ours.note) if ours is not None else None
+        if (
+            ours is not None
+            and chosen is not None
+            and chosen.group(1) != "reference"
+            and direction == FORWARD
+            and ours.regime == "bandwidth"
+            and ours.frac_of_copy < targets.forward_fraction
+        ):
+            found.append((op, dtype, shape, chosen.group(1)))
+    return found
+
+
+def _find_misses(
+    rows: Sequence[BenchRow], targets: Targets = TARGETS, kernel_notes: KernelNotes | None = None
+) -> list[_Miss]:
+    """Every missed target of kernelgate in ``rows``, with its cause where the run shows one; ``kernel_notes``
+    (per :func:`kernel_cases` case) end the bandwidth misses of those cases."""
     found: list[_Miss] = []
     for (op, dtype, direction, shape), by_impl in _cases(rows).items():
         ours = by_impl.get("kernelgate")
@@ -317,11 +344,13 @@ def _find_misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[_
             clause += _steady_state(ours, by_impl)
         # Slower than eager after a timing chose the Function: that timing is the cause of this target.
         timed = _timed_function_cause(ours, step, eager, targets)
+        note = (kernel_notes or {}).get((op, dtype, shape), "") if direction == FORWARD else ""
         for target, text in here:
             if target == "eager" and timed[0]:
                 found.append(_Miss(op, dtype, direction, shape, target, timed[0], text + timed[1]))
             else:
-                found.append(_Miss(op, dtype, direction, shape, target, cause, text + clause))
+                text += clause + (note if target == "bandwidth" else "")
+                found.append(_Miss(op, dtype, direction, shape, target, cause, text))
     return found
 
 
@@ -839,10 +868,15 @@ def _run_time(runs: Sequence[dict[str, Any]]) -> str:
 
 
 def write_summary(
-    rows: Sequence[BenchRow], path: Path, targets: Targets = TARGETS, runs: Sequence[dict[str, Any]] = ()
+    rows: Sequence[BenchRow],
+    path: Path,
+    targets: Targets = TARGETS,
+    runs: Sequence[dict[str, Any]] = (),
+    kernel_notes: KernelNotes | None = None,
 ) -> Path:
     """Write a markdown summary: per op and dtype, fractions of copy bandwidth, latencies, missed targets;
-    with ``runs`` (see :func:`read_runs`), how long the measuring took."""
+    with ``runs`` (see :func:`read_runs`), how long the measuring took; with ``kernel_notes``, what the kernels
+    behind forward bandwidth misses hold (:func:`kernelgate.bench.resources.kernel_notes`)."""
     lines = ["# kernelgate bench", ""]
     if rows:
         p = rows[0]
@@ -863,7 +897,7 @@ def write_summary(
             "",
         ]
     cases = _cases(rows)
-    found = _find_misses(rows, targets)
+    found = _find_misses(rows, targets, kernel_notes)
     lines += _scorecard(cases, found, targets)
     lines += _step_ways(cases)
     groups: dict[tuple[str, str], list[tuple[str, str, dict[str, BenchRow]]]] = {}

@@ -312,15 +312,17 @@ def test_a_forward_and_backward_planned_to_the_reference_run_eager_autograd_afte
 
 
 def _counting_forward_routes(monkeypatch: pytest.MonkeyPatch, op: kernelgate.Op) -> list[int]:
-    """Counts the calls of ``op.forward_route`` (the memoised route an autograd call consults)."""
+    """Counts the calls of ``op.forward_route`` (the memoised route an autograd call consults), patched on the
+    class: an instance attribute would outlive the test as a bound method hiding the class's."""
     calls: list[int] = []
-    forward_route = op.forward_route
+    forward_route = kernelgate.Op.forward_route
 
-    def counted(values: tuple[object, ...]) -> object:
-        calls.append(1)
-        return forward_route(values)
+    def counted(self: kernelgate.Op, values: tuple[object, ...]) -> object:
+        if self is op:
+            calls.append(1)
+        return forward_route(self, values)
 
-    monkeypatch.setattr(op, "forward_route", counted)
+    monkeypatch.setattr(kernelgate.Op, "forward_route", counted)
     return calls
 
 

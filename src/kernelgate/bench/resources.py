@@ -19,7 +19,7 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from kernelgate.config import Config, config_label
 from kernelgate.launch import call_state
 from kernelgate.op import TritonImpl, get_op
 from kernelgate.selection import run_candidate
+
+if TYPE_CHECKING:
+    from kernelgate.bench.report import BenchRow
 
 __all__ = [
     "KernelResources",
@@ -175,7 +178,9 @@ def describe(resources: Sequence[KernelResources], arch: int, triton_version: st
     return f"; {kernels}{'; '.join(parts)} (compiled for sm_{arch} by Triton {triton_version})"
 
 
-def kernel_notes(rows: Sequence[Any], arch: int | None = None) -> tuple[dict[tuple[str, str, str], str], list[str]]:
+def kernel_notes(
+    rows: Sequence[BenchRow], arch: int | None = None
+) -> tuple[dict[tuple[str, str, str], str], list[str]]:
     """For each forward bandwidth miss where kernelgate ran a Triton candidate (``report.kernel_cases``), a clause
     with its kernels' resources, compiled for this GPU, or for ``sm_<arch>`` without launching; and one line per
     case whose kernels could not be read, saying why.

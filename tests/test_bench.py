@@ -431,6 +431,20 @@ def test_kernel_notes_end_the_forward_bandwidth_misses_of_their_cases(
     assert all(note not in line for line in missed[1:])
 
 
+def test_a_forward_backward_miss_of_short_kernels_ends_with_what_they_hold(interpreted: list[bench.BenchRow]) -> None:
+    """Where a forward+backward miss names kernels short of the target, what their triton:* row's note says they
+    hold (written there on a GPU) ends the miss."""
+    base = next(r for r in interpreted if r.direction == "forward+backward" and r.impl == "eager")
+    eager = dataclasses.replace(base, regime="bandwidth", time_us=100.0, host_us=math.nan, frac_of_copy=0.5)
+    ours = dataclasses.replace(eager, impl="kernelgate", time_us=300.0, frac_of_copy=0.2)
+    held = "; its kernels: _f keeps 64 registers a thread at 16 warps and none in local memory"
+    kernels = dataclasses.replace(
+        eager, impl="triton:single_block", time_us=160.0, frac_of_copy=0.45, note="single_block; tuned 80 us" + held
+    )
+    found = bench.misses([eager, ours, kernels])
+    assert found and all(line.endswith("the kernels themselves are short of the target" + held) for line in found)
+
+
 def test_forward_backward_misses_name_the_autograd_gap(interpreted: list[bench.BenchRow]) -> None:
     """A forward+backward miss says when the kernels called without autograd take at most half the time, or reach the
     target and are at least 5 % faster than the step (with what the step adds); else not."""

@@ -70,6 +70,32 @@ def test_an_implementations_kernels_are_compiled_not_run_and_their_resources_rea
         resources.implementation_resources("rms_norm", (4, 1024), torch.float32, "single_block[num_warps=3]", device)
 
 
+def test_a_steps_kernels_are_collected_in_launch_order_once_each(triton_cache: Path) -> None:
+    """step_resources of a step that launches rms_norm's single-block forward twice and then its backward's
+    single-block kernel: the forward kernel once, then the backward's, each read from its cubin, nothing run."""
+    from kernelgate.selection import run_candidate
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    forward, backward = get_op("rms_norm"), get_op("rms_norm_backward")
+    assert forward.make_inputs is not None and backward.make_inputs is not None
+    fwd_values = forward.make_inputs((4, 1024), torch.float32, device)
+    bwd_values = backward.make_inputs((4, 1024), torch.float32, device)
+    [fwd_impl] = [i for i in forward.implementations if i.name == "single_block"]
+    [bwd_impl] = [i for i in backward.implementations if i.name == "single_block"]
+    fwd_config = fwd_impl.candidate_configs(fwd_values)[0]
+    bwd_config = bwd_impl.candidate_configs(bwd_values)[0]
+
+    def step() -> None:
+        for _ in range(2):
+            run_candidate(fwd_impl, fwd_config, fwd_values, interpret=False, poison=False)
+        run_candidate(bwd_impl, bwd_config, bwd_values, interpret=False, poison=False)
+
+    found = resources.step_resources(step)
+    names = [r.kernel for r in found]
+    assert names[0] == "_rms_norm_fwd_kernel" and names.count("_rms_norm_fwd_kernel") == 1, names
+    assert "_rms_norm_bwd_kernel" in names and all(0 < r.registers <= 255 for r in found), found
+
+
 @pytest.mark.parametrize(
     ("num_warps", "registers", "shared_bytes", "programs"),
     [

@@ -668,7 +668,9 @@ def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow], floor: float) ->
     if best.regime == "bandwidth" and best.frac_of_copy < floor:
         return "kernels", (
             f"; its kernels alone ({best.impl}, without autograd) reach {best.frac_of_copy:.2f} of copy: "
-            "the kernels themselves are short of the target" + _reread_clause(best, best.impl.partition(":")[2])
+            "the kernels themselves are short of the target"
+            + _reread_clause(best, best.impl.partition(":")[2])
+            + _held_clause(best)
         )
     if kernels_us * AUTOGRAD_GAP_RATIO <= step_us:
         return "autograd", (
@@ -676,6 +678,13 @@ def _autograd_gap(ours: BenchRow, by_impl: dict[str, BenchRow], floor: float) ->
             f"adds {step_us - kernels_us:.1f} us to them (host time), the kernels are not short"
         )
     return "", ""
+
+
+def _held_clause(row: BenchRow) -> str:
+    """What a ``triton:*`` forward+backward row's kernels hold, as the run wrote it at the end of the row's note
+    (``"; its kernel(s) ..."``, from :func:`kernelgate.bench.resources.describe`); else ``""``."""
+    start = row.note.find("; its kernel")
+    return row.note[start:] if start >= 0 else ""
 
 
 def _reference_cause(ours: BenchRow, eager: BenchRow | None) -> tuple[str, str]:

@@ -18,7 +18,7 @@ import dataclasses
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,6 +40,8 @@ __all__ = [
     "describe",
     "implementation_resources",
     "kernel_notes",
+    "step_kernels",
+    "step_resources",
 ]
 
 _USAGE = re.compile(r"Function (\S+):\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
@@ -98,9 +100,9 @@ def compile_only(arch: int) -> Iterator[None]:
         driver._active = previous
 
 
-def compiled_kernels(impl: TritonImpl, config: Config | None, values: Sequence[Any]) -> list[Any]:
-    """The compiled kernels one call of ``impl`` at ``config`` would launch on ``values``, compiled (or loaded
-    from Triton's cache) and not run."""
+def step_kernels(step: Callable[[], object]) -> list[Any]:
+    """The compiled kernels that ``step`` launches through kernelgate, compiled (or loaded from Triton's cache)
+    and not run: its outputs are left unwritten."""
     compiled: list[Any] = []
     warm = backend.warm_compiled
 
@@ -110,11 +112,26 @@ def compiled_kernels(impl: TritonImpl, config: Config | None, values: Sequence[A
     backend.warm_compiled = keep  # type: ignore[assignment]
     call_state.collect = []
     try:
-        run_candidate(impl, config, values, interpret=False, poison=False)
+        step()
     finally:
         call_state.collect = None
         backend.warm_compiled = warm  # type: ignore[assignment]
     return compiled
+
+
+def compiled_kernels(impl: TritonImpl, config: Config | None, values: Sequence[Any]) -> list[Any]:
+    """The compiled kernels one call of ``impl`` at ``config`` would launch on ``values`` (see :func:`step_kernels`)."""
+    return step_kernels(lambda: run_candidate(impl, config, values, interpret=False, poison=False))
+
+
+def step_resources(step: Callable[[], object]) -> list[KernelResources]:
+    """The resources of each distinct kernel ``step`` launches (:func:`step_kernels`), in launch order."""
+    found: list[KernelResources] = []
+    for kernel in step_kernels(step):
+        for usage in cubin_resources(kernel.asm["cubin"], kernel.metadata.num_warps):
+            if usage not in found:
+                found.append(usage)
+    return found
 
 
 def cubin_resources(cubin: bytes, num_warps: int) -> list[KernelResources]:

@@ -37,7 +37,16 @@ from rich.console import Console
 
 from kernelgate import backend
 from kernelgate.bench.precompile import default_workers, precompile
-from kernelgate.bench.report import FORWARD, FORWARD_BACKWARD, LATENCY_BYTES, BenchRow, Provenance, print_table
+from kernelgate.bench.report import (
+    FORWARD,
+    FORWARD_BACKWARD,
+    LATENCY_BYTES,
+    TARGETS,
+    BenchRow,
+    Provenance,
+    print_table,
+)
+from kernelgate.bench.resources import describe, step_resources
 from kernelgate.bench.specs import SPECS, BenchSpec, bench_specs
 from kernelgate.bench.suite import DTYPES, BenchError, Case, Suite, default_suite, load_suite
 from kernelgate.cache import decision_cache
@@ -358,6 +367,16 @@ def _decision(op: Op, args: tuple[Any, ...], plan: Any) -> dict[str, tuple[Trito
     return found
 
 
+def _kernels_held(step: Callable[[], Any], device: torch.device) -> str:
+    """For a forward+backward row of Triton kernels short of the bandwidth target: what the kernels its step
+    launches hold (registers, local memory), compiled for this GPU and not run; or why that could not be read."""
+    try:
+        major, minor = torch.cuda.get_device_capability(device)
+        return describe(step_resources(step), major * 10 + minor, backend.triton_version() or "?")
+    except Exception as err:  # the row keeps its measurement without the note
+        return f"; its kernels' resources not read: {type(err).__name__}: {err}"[:300]
+
+
 def _direct_launch(impl: TritonImpl, config: Config | None, interpret: bool) -> Callable[..., Any]:
     if interpret:
         return lambda *a: run_candidate(impl, config, a, True, False)
@@ -638,6 +657,16 @@ class _Runner:
                 r = results[impl.name]
                 t = float(r.get("time_us", math.nan))
                 gbps = nbytes / (t * 1e-6) / 1e9 if t > 0 else math.nan
+                note = str(r["note"])
+                if (
+                    direction == FORWARD_BACKWARD
+                    and impl.name.startswith("triton:")
+                    and impl.name in steps
+                    and regime == "bandwidth"
+                    and device.type == "cuda"
+                    and gbps / self.provenance.copy_gbps < TARGETS.forward_backward_fraction
+                ):
+                    note += _kernels_held(steps[impl.name], device)
                 rows.append(
                     BenchRow(
                         op=spec.op,
@@ -658,7 +687,7 @@ class _Runner:
                         frac_of_copy=_significant(gbps / self.provenance.copy_gbps),
                         peak_mib=round(float(r.get("peak_mib", math.nan)), 2),
                         first_call_ms=round(float(r["first_call_ms"]), 2),
-                        note=str(r["note"]),
+                        note=note,
                         **dataclasses.asdict(self.provenance),
                     )
                 )

@@ -702,12 +702,14 @@ def test_a_time_limit_stops_starting_cases_and_the_rest_are_listed(tmp_path: Pat
         (["--op", "nosuch"], "no op named 'nosuch'"),
         (["--suite", "{bad"], "not valid JSON"),
         (["--plot", "missing.csv"], "cannot read"),
+        (["--kernel-arch", "9"], "--kernel-arch must be an NVIDIA compute capability written as one number"),
     ],
 )
 def test_cli_usage_errors(
     argv: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An unknown op, a malformed suite or a missing CSV exits 2 with the message."""
+    """An unknown op, a malformed suite, a missing CSV or an architecture that is no compute capability exits 2
+    with the message."""
     monkeypatch.chdir(tmp_path)
     if argv[0] == "--suite":
         argv = ["--suite", str(_write(tmp_path, argv[1]))]

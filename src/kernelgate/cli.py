@@ -46,6 +46,8 @@ from kernelgate.tolerance import assert_close
 __all__ = ["main"]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+# The compute capabilities `kernelgate bench --kernel-arch` accepts (sm_50 to sm_120).
+KERNEL_ARCHS = (50, 120)
 
 
 def best_device() -> torch.device:
@@ -357,6 +359,13 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
     from kernelgate import bench
     from kernelgate.bench import report
 
+    if args.kernel_arch is not None and not KERNEL_ARCHS[0] <= args.kernel_arch <= KERNEL_ARCHS[1]:
+        console.print(
+            f"[red]kernelgate bench: --kernel-arch must be an NVIDIA compute capability written as one number, from "
+            f"{KERNEL_ARCHS[0]} to {KERNEL_ARCHS[1]} (90 for sm_90: H100, H200; 80 for sm_80: A100); got "
+            f"{args.kernel_arch}. Leave it out to read the kernels for this machine's GPU.[/red]"
+        )
+        return EXIT_USAGE
     try:
         if args.plot is not None:
             rows = bench.read_csv(args.plot)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +49,13 @@ def _round_us(fn: Callable[[], object], sync: Callable[[], object], calls: int) 
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--op", action="append", help="ops to measure (default softmax, rms_norm, layer_norm, swiglu)")
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=15)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     kernelgate.configure(warn_fallback=False)
@@ -66,43 +66,45 @@ def main() -> int:
         op.set_mode("reference")
         backward = kernelgate.op.get_op(f"{name}_backward")
         backward.set_mode("reference")
-        for shape in SHAPES:
-            values = _inputs(name, shape, device)
-            leaves = [v for v in values if isinstance(v, torch.Tensor) and v.requires_grad]
-            detached = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in values)
-            grad = torch.randn_like(op.reference(*detached))
-            cases = {
-                "forward": (lambda d=detached, o=op: o.reference(*d), lambda d=detached, o=op: o(*d)),
-                "forward+backward": (
-                    lambda v=values, ls=leaves, g=grad, o=op: torch.autograd.grad(o.reference(*v), ls, g),
-                    lambda v=values, ls=leaves, g=grad, o=op: torch.autograd.grad(o(*v), ls, g),
-                ),
-            }
-            for direction, (direct, ours) in cases.items():
-                for fn in (direct, ours, direct, ours):  # warm-up; the first autograd step settles the route
-                    _round_us(fn, sync, max(args.calls // 10, 1))
-                direct_us, ours_us = [], []
-                for _ in range(args.rounds):
-                    direct_us.append(_round_us(direct, sync, args.calls))
-                    ours_us.append(_round_us(ours, sync, args.calls))
-                extra = statistics.median(o - d for o, d in zip(ours_us, direct_us, strict=True))
-                row = {
-                    "op": name,
-                    "shape": "x".join(map(str, shape)),
-                    "direction": direction,
-                    "reference_us": round(min(direct_us), 2),
-                    "kernelgate_us": round(min(ours_us), 2),
-                    "median_extra_us": round(extra, 2),
-                    "step_route": op.step_route(*values).path if direction == "forward+backward" else "",
+        try:
+            for shape in SHAPES:
+                values = _inputs(name, shape, device)
+                leaves = [v for v in values if isinstance(v, torch.Tensor) and v.requires_grad]
+                detached = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in values)
+                grad = torch.randn_like(op.reference(*detached))
+                cases = {
+                    "forward": (lambda d=detached, o=op: o.reference(*d), lambda d=detached, o=op: o(*d)),
+                    "forward+backward": (
+                        lambda v=values, ls=leaves, g=grad, o=op: torch.autograd.grad(o.reference(*v), ls, g),
+                        lambda v=values, ls=leaves, g=grad, o=op: torch.autograd.grad(o(*v), ls, g),
+                    ),
                 }
-                rows.append(row)
-                print(
-                    f"{name:11} {row['shape']:9} {direction:17} reference {row['reference_us']:7.2f} us  "
-                    f"kernelgate {row['kernelgate_us']:7.2f} us  extra (median of pairs) {extra:6.2f} us  "
-                    f"{row['step_route']}"
-                )
-        op.set_mode(None)
-        backward.set_mode(None)
+                for direction, (direct, ours) in cases.items():
+                    for fn in (direct, ours, direct, ours):  # warm-up; the first autograd step settles the route
+                        _round_us(fn, sync, max(args.calls // 10, 1))
+                    direct_us, ours_us = [], []
+                    for _ in range(args.rounds):
+                        direct_us.append(_round_us(direct, sync, args.calls))
+                        ours_us.append(_round_us(ours, sync, args.calls))
+                    extra = statistics.median(o - d for o, d in zip(ours_us, direct_us, strict=True))
+                    row = {
+                        "op": name,
+                        "shape": "x".join(map(str, shape)),
+                        "direction": direction,
+                        "reference_us": round(min(direct_us), 2),
+                        "kernelgate_us": round(min(ours_us), 2),
+                        "median_extra_us": round(extra, 2),
+                        "step_route": op.step_route(*values).path if direction == "forward+backward" else "",
+                    }
+                    rows.append(row)
+                    print(
+                        f"{name:11} {row['shape']:9} {direction:17} reference {row['reference_us']:7.2f} us  "
+                        f"kernelgate {row['kernelgate_us']:7.2f} us  extra (median of pairs) {extra:6.2f} us  "
+                        f"{row['step_route']}"
+                    )
+        finally:
+            op.set_mode(None)
+            backward.set_mode(None)
     write_json(
         args.out,
         {

@@ -1119,6 +1119,42 @@ def test_a_miss_of_kernels_that_stream_rows_twice_states_the_bound_that_sets(
     assert all("stream rows twice" not in t for t in bench.misses(rows_short))
 
 
+def test_the_backward_a_row_says_ran_decides_its_second_pass(interpreted: list[bench.BenchRow]) -> None:
+    """Where a forward+backward row's note names the backward that ran, that decides whether it streams rows twice:
+    a split backward at rows of 16384 does (one block would hold them), a single-block one at 32768 does not; the
+    run writes the decision into every forward+backward row of kernelgate and its kernels at bandwidth shapes."""
+    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager")
+    shape, rows, n = "4096x16384", 4096, 16384
+    minimal = (5 * rows * n + 3 * n) * 2
+    eager = dataclasses.replace(
+        base, op="rms_norm", dtype="bfloat16", shape=shape, rows=rows, row_length=n, regime="bandwidth",
+        direction="forward+backward", time_us=600.0, host_us=math.nan, bytes=minimal, frac_of_copy=0.25, note="",
+    )  # fmt: skip
+    ours = dataclasses.replace(eager, impl="kernelgate", time_us=270.0, frac_of_copy=0.55, note="auto: single_b (")
+    split = dataclasses.replace(
+        ours, impl="triton:single_block", note="single_block[ROWS=1]; backward ran: split[BLOCK_N=1024,num_warps=8]"
+    )
+    (text,) = [t for t in bench.misses([eager, ours, split]) if "bandwidth (target 0.80)" in t]
+    assert "(its split backward, 2*M*N*e: x and dy read again), 1.40 times" in text, text
+    once = dataclasses.replace(split, note="single_block[ROWS=1]; backward ran: single_block[ROWS=1,num_warps=32]")
+    long = {"shape": "2048x32768", "rows": 2048, "row_length": 32768}
+    (text,) = [
+        t
+        for t in bench.misses([dataclasses.replace(r, **long) for r in (eager, ours, once)])
+        if "bandwidth (target 0.80)" in t
+    ]
+    assert "stream rows twice" not in text, text
+    recorded = [
+        r
+        for r in interpreted
+        if r.direction == "forward+backward" and r.regime == "bandwidth" and r.status == "ok"
+        and (r.impl == "kernelgate" or r.impl.startswith("triton:"))
+    ]  # fmt: skip
+    assert recorded and all(re.search(r"; backward ran: (reference|\w+\[)", r.note) for r in recorded), [
+        r.note for r in recorded
+    ]
+
+
 def test_summary_counts_how_the_forward_backward_steps_ran(interpreted: list[bench.BenchRow], tmp_path: Path) -> None:
     """A table after the targets counts, per op and regime, the path each forward+backward step took as its row's
     note says: the Function kept by the timing back to back or by the device's time, kept untimed, eager autograd

@@ -721,13 +721,18 @@ def _field_cause(by_impl: dict[str, BenchRow], floor: float) -> tuple[str, str]:
     )
 
 
+# The backward's decision a forward+backward row's note names (runner.BACKWARD_RAN): its implementation.
+_BACKWARD_RAN = re.compile(r"; backward ran: ([A-Za-z_]\w*)")
+
+
 def _reread_clause(row: BenchRow, forward_implementation: str) -> str:
     """Where ``row`` (kernelgate's kernels, forward ``forward_implementation``) streams rows twice, a clause with
     the bound that sets: its bytes over the formula's, at most what fraction of copy with every pass from memory,
     and how much of that it reaches (or that part of the second pass came from L2); else ``""``.
 
-    A looped forward streams each row twice, and past one block a backward does too (the op's spec says how many
-    bytes more: :class:`kernelgate.bench.specs.Rereads`). At bf16 512x131072 rms_norm's forward and backward move
+    A looped forward streams each row twice, and so does a backward that is not single-pass: the one the row's note
+    says ran (``"; backward ran: split[...]"``), or where the note does not say, one past a single block (the op's
+    spec says how many bytes more: :class:`kernelgate.bench.specs.Rereads`). At bf16 512x131072 rms_norm's forward and backward move
     8 row passes where the formula counts 5: at most 0.63 of copy.
     """
     from kernelgate.bench.specs import spec_for
@@ -744,7 +749,11 @@ def _reread_clause(row: BenchRow, forward_implementation: str) -> str:
     if forward_implementation.endswith("looped"):
         extra += rereads.forward.count(shape, size)
         parts.append(f"its {forward_implementation} forward, {rereads.forward.formula}")
-    if row.direction == FORWARD_BACKWARD and row.row_length > rereads.one_block:
+    backward = _BACKWARD_RAN.search(row.note) if row.direction == FORWARD_BACKWARD else None
+    if backward is not None and backward.group(1) not in (*rereads.single_pass, "reference"):
+        extra += rereads.backward.count(shape, size)
+        parts.append(f"its {backward.group(1)} backward, {rereads.backward.formula}")
+    elif backward is None and row.direction == FORWARD_BACKWARD and row.row_length > rereads.one_block:
         extra += rereads.backward.count(shape, size)
         parts.append(f"its backward past one block of {rereads.one_block}, {rereads.backward.formula}")
     if not extra:

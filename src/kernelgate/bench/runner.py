@@ -51,7 +51,7 @@ from kernelgate.bench.specs import SPECS, BenchSpec, bench_specs
 from kernelgate.bench.suite import DTYPES, BenchError, Case, Suite, default_suite, load_suite
 from kernelgate.cache import decision_cache
 from kernelgate.config import Config
-from kernelgate.dispatch import use_interpreter, use_mode
+from kernelgate.dispatch import Reason, use_interpreter, use_mode
 from kernelgate.errors import KernelgateWarning
 from kernelgate.op import Op, TritonImpl, get_op, registered_ops
 from kernelgate.selection import (
@@ -377,6 +377,30 @@ def _kernels_held(step: Callable[[], Any], device: torch.device) -> str:
         return f"; its kernels' resources not read: {type(err).__name__}: {err}"[:300]
 
 
+# What a forward+backward row's note says of the backward op's decision at its shape (report.py reads it).
+BACKWARD_RAN = "; backward ran: "
+
+
+def _backward_ran(spec: BenchSpec, shape: tuple[int, ...], dtype: str, device: torch.device) -> str:
+    """``"; backward ran: <candidate>"``: the decision that tuning stored for the bucket of ``spec``'s backward op
+    (``Rereads.backward_op``) at ``shape``, read without tuning, on inputs of the op's own ``make_inputs``; ``""``
+    where the spec names none or the bucket holds no decision (a layout the real call does not share)."""
+    if spec.rereads is None:
+        return ""
+    try:
+        op = get_op(spec.rereads.backward_op)
+        if op.make_inputs is None:
+            return ""
+        plan = op.explain(*op.make_inputs(shape, DTYPES[dtype], device))
+    except Exception:  # the row keeps its measurement without the note
+        return ""
+    if plan.reason is Reason.REFERENCE_FASTER:
+        return BACKWARD_RAN + "reference"
+    if plan.reason not in (Reason.CACHED, Reason.TUNED) or plan.implementation is None:
+        return ""
+    return BACKWARD_RAN + CandidateResult(plan.implementation.name, plan.config, "pass").label
+
+
 def _direct_launch(impl: TritonImpl, config: Config | None, interpret: bool) -> Callable[..., Any]:
     if interpret:
         return lambda *a: run_candidate(impl, config, a, True, False)
@@ -667,6 +691,13 @@ class _Runner:
                     and gbps / self.provenance.copy_gbps < TARGETS.forward_backward_fraction
                 ):
                     note += _kernels_held(steps[impl.name], device)
+                if (
+                    direction == FORWARD_BACKWARD
+                    and regime == "bandwidth"
+                    and impl.name in steps
+                    and (impl.name == "kernelgate" or impl.name.startswith("triton:"))
+                ):
+                    note += _backward_ran(spec, case.shape, dtype, device)
                 rows.append(
                     BenchRow(
                         op=spec.op,

@@ -44,14 +44,18 @@ class Rereads:
     """The bytes a row-wise op's kernels move beyond the minimal count where they stream each row twice.
 
     ``forward``: a forward implementation whose name ends in ``looped`` (a first pass for the row's statistics,
-    a second that writes). ``backward``: a backward at rows longer than ``one_block`` (no single-block kernel
-    takes them: each row is read for its sums, then again for the gradient). The summary of ``kernelgate bench``
-    compares a miss with the bound these set at the copy rate, every pass from memory.
+    a second that writes). ``backward``: a backward implementation of ``backward_op`` other than one of
+    ``single_pass`` (the looped and split backwards read each row for its sums, then again for the gradient);
+    where a row does not say which ran, a backward at rows longer than ``one_block``, which no single-block kernel
+    takes. The summary of ``kernelgate bench`` compares a miss with the bound these set at the copy rate, every
+    pass from memory.
     """
 
     forward: Bytes
     backward: Bytes
+    backward_op: str
     one_block: int = MAX_SINGLE_BLOCK
+    single_pass: tuple[str, ...] = ("single_block",)
 
 
 def _rows_by_last(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -127,16 +131,23 @@ def _mn(s: tuple[int, ...], e: int) -> int:
 # softmax's looped forward reads x twice (an online max-and-sum pass, then a normalising one); its looped backward
 # reads y and dy for sum(dy * y), then both again. log_softmax's backward first reads dy alone, for sum(dy).
 SOFTMAX_REREADS = Rereads(
-    Bytes("M*N*e: x read again", _mn), Bytes("2*M*N*e: y and dy read again", lambda s, e: 2 * _mn(s, e))
+    Bytes("M*N*e: x read again", _mn),
+    Bytes("2*M*N*e: y and dy read again", lambda s, e: 2 * _mn(s, e)),
+    "softmax_backward",
 )
-LOG_SOFTMAX_REREADS = Rereads(Bytes("M*N*e: x read again", _mn), Bytes("M*N*e: dy read again", _mn))
+LOG_SOFTMAX_REREADS = Rereads(
+    Bytes("M*N*e: x read again", _mn), Bytes("M*N*e: dy read again", _mn), "log_softmax_backward"
+)
 # The norms' looped forwards take the row's statistics, then normalise it (add_rms_norm's reads back the sum s it
 # stored); their looped and split backwards take each row's sums, then read x (s) and dy again for dx.
-NORM_REREADS = Rereads(
-    Bytes("M*N*e: x read again", _mn), Bytes("2*M*N*e: x and dy read again", lambda s, e: 2 * _mn(s, e))
-)
+_NORM_FORWARD_REREADS = Bytes("M*N*e: x read again", _mn)
+_NORM_BACKWARD_REREADS = Bytes("2*M*N*e: x and dy read again", lambda s, e: 2 * _mn(s, e))
+RMS_NORM_REREADS = Rereads(_NORM_FORWARD_REREADS, _NORM_BACKWARD_REREADS, "rms_norm_backward")
+LAYER_NORM_REREADS = Rereads(_NORM_FORWARD_REREADS, _NORM_BACKWARD_REREADS, "layer_norm_backward")
 ADD_RMS_NORM_REREADS = Rereads(
-    Bytes("M*N*e: the sum s read back", _mn), Bytes("2*M*N*e: s and dy read again", lambda s, e: 2 * _mn(s, e))
+    Bytes("M*N*e: the sum s read back", _mn),
+    Bytes("2*M*N*e: s and dy read again", lambda s, e: 2 * _mn(s, e)),
+    "add_rms_norm_backward",
 )
 
 
@@ -300,7 +311,7 @@ SPECS: tuple[BenchSpec, ...] = (
             lambda s, e: (5 * s[0] * s[1] + 3 * s[1]) * e,
         ),
         liger=_liger_rms_norm,
-        rereads=NORM_REREADS,
+        rereads=RMS_NORM_REREADS,
     ),
     BenchSpec(
         "layer_norm",
@@ -314,7 +325,7 @@ SPECS: tuple[BenchSpec, ...] = (
             lambda s, e: (5 * s[0] * s[1] + 5 * s[1]) * e,
         ),
         liger=_liger_layer_norm,
-        rereads=NORM_REREADS,
+        rereads=LAYER_NORM_REREADS,
     ),
     BenchSpec(
         "add_rms_norm",

@@ -732,8 +732,8 @@ def _reread_clause(row: BenchRow, forward_implementation: str) -> str:
 
     A looped forward streams each row twice, and so does a backward that is not single-pass: the one the row's note
     says ran (``"; backward ran: split[...]"``), or where the note does not say, one past a single block (the op's
-    spec says how many bytes more: :class:`kernelgate.bench.specs.Rereads`). At bf16 512x131072 rms_norm's forward and backward move
-    8 row passes where the formula counts 5: at most 0.63 of copy.
+    spec says how many bytes more: :class:`kernelgate.bench.specs.Rereads`). At bf16 512x131072 rms_norm's forward
+    and backward move 8 row passes where the formula counts 5: at most 0.63 of copy.
     """
     from kernelgate.bench.specs import spec_for
 

@@ -1083,6 +1083,20 @@ def test_the_commit_is_marked_where_the_source_differs_from_it(monkeypatch: pyte
     assert bench_runner._commit() == "def5678"
 
 
+def _rms_norm_step_rows(
+    interpreted: list[bench.BenchRow], rows: int, n: int, note: str
+) -> tuple[bench.BenchRow, bench.BenchRow]:
+    """An eager and a kernelgate row of rms_norm bf16 forward+backward at rows x n (bandwidth shape, minimal bytes
+    5*M*N + 3*N elements), kernelgate's below the target, from an interpreted row's provenance."""
+    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager")
+    eager = dataclasses.replace(
+        base, op="rms_norm", dtype="bfloat16", shape=f"{rows}x{n}", rows=rows, row_length=n, regime="bandwidth",
+        direction="forward+backward", time_us=600.0, host_us=math.nan, bytes=(5 * rows * n + 3 * n) * 2,
+        frac_of_copy=0.25, note="",
+    )  # fmt: skip
+    return eager, dataclasses.replace(eager, impl="kernelgate", time_us=270.0, frac_of_copy=0.55, note=note)
+
+
 def test_a_miss_of_kernels_that_stream_rows_twice_states_the_bound_that_sets(
     interpreted: list[bench.BenchRow],
 ) -> None:
@@ -1091,14 +1105,9 @@ def test_a_miss_of_kernels_that_stream_rows_twice_states_the_bound_that_sets(
     looped forward reads x again (M*N*e) and its backward x and dy (2*M*N*e), 8/5 of the formula's 5*M*N*e, at
     most 0.63 of copy (5/8, and the weight's bytes). Rows that fit one block, or a single-block forward, add no
     such clause."""
-    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager")
-    shape, rows, n = "512x131072", 512, 131072
-    minimal = (5 * rows * n + 3 * n) * 2
-    eager = dataclasses.replace(
-        base, op="rms_norm", dtype="bfloat16", shape=shape, rows=rows, row_length=n, regime="bandwidth",
-        direction="forward+backward", time_us=600.0, host_us=math.nan, bytes=minimal, frac_of_copy=0.25, note="",
-    )  # fmt: skip
-    ours = dataclasses.replace(eager, impl="kernelgate", time_us=270.0, frac_of_copy=0.55, note="auto: looped[x] (")
+    rows, n = 512, 131072
+    eager, ours = _rms_norm_step_rows(interpreted, rows, n, "auto: looped[x] (")
+    minimal = eager.bytes
     looped = dataclasses.replace(ours, impl="triton:looped", time_us=260.0, frac_of_copy=0.58, note="")
     bound = minimal / (minimal + 3 * rows * n * 2)
     assert f"{bound:.2f}" == "0.63"
@@ -1123,14 +1132,7 @@ def test_the_backward_a_row_says_ran_decides_its_second_pass(interpreted: list[b
     """Where a forward+backward row's note names the backward that ran, that decides whether it streams rows twice:
     a split backward at rows of 16384 does (one block would hold them), a single-block one at 32768 does not; the
     run writes the decision into every forward+backward row of kernelgate and its kernels at bandwidth shapes."""
-    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager")
-    shape, rows, n = "4096x16384", 4096, 16384
-    minimal = (5 * rows * n + 3 * n) * 2
-    eager = dataclasses.replace(
-        base, op="rms_norm", dtype="bfloat16", shape=shape, rows=rows, row_length=n, regime="bandwidth",
-        direction="forward+backward", time_us=600.0, host_us=math.nan, bytes=minimal, frac_of_copy=0.25, note="",
-    )  # fmt: skip
-    ours = dataclasses.replace(eager, impl="kernelgate", time_us=270.0, frac_of_copy=0.55, note="auto: single_b (")
+    eager, ours = _rms_norm_step_rows(interpreted, 4096, 16384, "auto: single_b (")
     split = dataclasses.replace(
         ours, impl="triton:single_block", note="single_block[ROWS=1]; backward ran: split[BLOCK_N=1024,num_warps=8]"
     )

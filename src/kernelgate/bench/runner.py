@@ -677,6 +677,12 @@ class _Runner:
                 except Exception as err:
                     result["note"] = f"{result['note']}; host cost or memory not measured: {type(err).__name__}: {err}"
                     self._free()
+            # The backward's decision is the case's, whichever row ran it: read once.
+            backward_ran = (
+                _backward_ran(spec, case.shape, dtype, device)
+                if direction == FORWARD_BACKWARD and regime == "bandwidth"
+                else ""
+            )
             for impl in impls:
                 r = results[impl.name]
                 t = float(r.get("time_us", math.nan))
@@ -691,13 +697,9 @@ class _Runner:
                     and gbps / self.provenance.copy_gbps < TARGETS.forward_backward_fraction
                 ):
                     note += _kernels_held(steps[impl.name], device)
-                if (
-                    direction == FORWARD_BACKWARD
-                    and regime == "bandwidth"
-                    and impl.name in steps
-                    and (impl.name == "kernelgate" or impl.name.startswith("triton:"))
-                ):
-                    note += _backward_ran(spec, case.shape, dtype, device)
+                ours = impl.name == "kernelgate" or impl.name.startswith("triton:")
+                if backward_ran and ours and impl.name in steps:
+                    note += backward_ran
                 rows.append(
                     BenchRow(
                         op=spec.op,

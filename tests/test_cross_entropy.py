@@ -895,6 +895,56 @@ def test_forward_with_grad_matches_the_reference(
     assert bool((dx[[1]] == 0).all()), "an ignored row's gradient is 0"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize(("with_weight", "label_smoothing"), [(False, 0.0), (True, 0.1), (False, 0.2)])
+@pytest.mark.parametrize("block", [2048, 8192])
+def test_split_rows_reads_a_row_over_programs_and_matches_the_reference(
+    target: torch.device, block: int, with_weight: bool, label_smoothing: float, reduction: str, dtype: torch.dtype
+) -> None:
+    """split_rows, each row split over programs of BLOCK_N columns (10 and 3 of them here, the last one partial),
+    gives the reference's loss and gradient, with ignored rows (gradient 0) and a target out of range (NaN)."""
+    shape = (5, 20000)
+    logits = _logits(shape, dtype, target)
+    labels = _target(*shape, target, ignored=(1,))
+    labels[3] = shape[1] + 5  # neither a class nor ignore_index
+    weight = _weight(shape[1], target) if with_weight else None
+    args = _args(logits, labels, weight, label_smoothing, reduction)
+    split_rows = next(impl for impl in cross_entropy_with_grad.implementations if impl.name == "split_rows")
+    config = {"BLOCK_N": block, "num_warps": 4}
+    assert split_rows.supports is not None and split_rows.supports(*args) is None
+    loss, dx = run_candidate(split_rows, config, args, interpret=target.type == "cpu", poison=True)
+    # The reference with the bad row's target made ignored: that row's loss and gradient are NaN on the kernels.
+    fine = labels.clone()
+    fine[3] = IGNORE
+    expected_loss, expected_dx = cross_entropy_with_grad.reference(
+        *_args(logits, fine, weight, label_smoothing, reduction)
+    )
+    assert bool(torch.isnan(loss)), "a target out of range makes the reduced loss NaN"
+    assert bool(torch.isnan(dx[3]).all()), "a target out of range makes its row's gradient NaN"
+    keep = [0, 1, 2, 4]
+    length = cross_entropy.reduction_length(*args)
+    assert (dx.dtype, dx.shape, dx.is_contiguous()) == (dtype, logits.shape, True)
+    assert_close(dx[keep], expected_dx[keep], reduction_length=length)  # the other rows' gradients are untouched
+    assert bool((dx[[1]] == 0).all()), "an ignored row's gradient is 0"
+    good = _args(logits, fine, weight, label_smoothing, reduction)
+    loss, dx = run_candidate(split_rows, config, good, interpret=target.type == "cpu", poison=True)
+    assert_close(loss, expected_loss, reduction_length=length)
+    assert_close(dx, expected_dx, reduction_length=length)
+
+
+def test_split_rows_leaves_rows_of_one_block_to_single_block() -> None:
+    """split_rows declines rows that fit one block, naming why, and prunes blocks as long as the row."""
+    split_rows = next(impl for impl in cross_entropy_with_grad.implementations if impl.name == "split_rows")
+    assert split_rows.supports is not None and split_rows.prune is not None
+    short = _args(torch.randn(4, 16384), torch.zeros(4, dtype=torch.int64), None, 0.0, "mean")
+    assert "fit one block" in str(split_rows.supports(*short))
+    long = _args(torch.randn(2, 20000), torch.zeros(2, dtype=torch.int64), None, 0.0, "mean")
+    kept = [dict(c) for c in split_rows.configs if split_rows.prune(c, *long)]
+    assert {"BLOCK_N": 16384, "num_warps": 16} in kept and {"BLOCK_N": 16384, "num_warps": 4} not in kept
+    assert all(c["BLOCK_N"] < 20000 for c in kept)
+
+
 def test_forward_with_grad_matches_torch_autograd_in_float64() -> None:
     """The reference's gradient is torch autograd's of the reference loss, for every reduction (float64)."""
     logits = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)

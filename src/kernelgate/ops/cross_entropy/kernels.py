@@ -456,6 +456,83 @@ def _cross_entropy_fwd_grad_kernel(
 
 
 @triton.jit
+def _cross_entropy_fwd_grad_split_kernel(
+    x_ptr, target_ptr, weight_ptr, share_ptr, loss_ptr, target_weight_ptr, dx_ptr, partial_ptr, arrived_ptr,
+    stride_xm, stride_tm, n_cols, n_split, ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, MEAN: tl.constexpr, WRITE_TARGET_WEIGHT: tl.constexpr, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """:func:`_cross_entropy_fwd_grad_kernel`'s loss and gradient with each row split over ``n_split`` programs
+    that hold a block of BLOCK_N columns each in registers: the row is read once and its gradient written once,
+    however long it is.
+
+    Grid: (n_rows * n_split,); program ``p`` holds columns ``[k * BLOCK_N, (k + 1) * BLOCK_N)`` of row
+    ``p // n_split``, ``k = p % n_split``, so a row's programs are consecutive. Each reduces its block to its
+    maximum, its sum of ``exp(x - max)`` and (with HAS_SMOOTHING) the smoothing sums, and stores them at
+    partial_ptr: (n_rows, SPLIT_BLOCK, 4) float32, SPLIT_BLOCK >= n_split a power of two. arrived_ptr:
+    (n_rows,) int32, zero at launch: each program adds one after its partials, then waits until the row's
+    ``n_split`` have. Waiting is safe because a GPU starts programs in the order of their ids, and a row's
+    programs are consecutive and fewer than can run at once (the launcher keeps ``n_split`` at most the
+    multiprocessors' count): the first row not yet done has all its programs running. Every program then
+    combines the row's partials into ``m`` and ``log(s)``, the row's first writes the loss, and each writes
+    its block's gradient. PHASE 0 does all that in one launch; Triton's interpreter runs programs one after
+    another, so a program cannot wait for another: there PHASE 1 (partials only) and then PHASE 2 (the rest,
+    the block read again) run as two launches.
+    Other pointers as in :func:`_cross_entropy_fwd_grad_kernel`.
+    """
+    pid = tl.program_id(0)
+    row = pid // n_split
+    part = pid % n_split
+    ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
+    x_row = x_ptr + row * stride_xm
+    x_t, pivot = _target_logit(x_row, t_safe, valid)
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_row = cols < n_cols
+    x = tl.load(x_row + cols, mask=cols < tl.where(valid | ignored, n_cols, 0), other=float("-inf")).to(tl.float32)
+    partial_row = partial_ptr + row * (4 * SPLIT_BLOCK)
+    if PHASE != 2:
+        m_part = tl.max(x, axis=0)
+        s_part = tl.sum(tl.exp(x - tl.where(m_part == float("-inf"), 0.0, m_part)), axis=0)
+        sum_w = tl.zeros([BLOCK_N], tl.float32)
+        sum_wx = tl.zeros([BLOCK_N], tl.float32)
+        if HAS_SMOOTHING:
+            sum_w, sum_wx = _smoothing_sums(sum_w, sum_wx, x, cols, in_row, pivot, weight_ptr, HAS_WEIGHT)
+        tl.store(partial_row + 4 * part, m_part)
+        tl.store(partial_row + 4 * part + 1, s_part)
+        tl.store(partial_row + 4 * part + 2, tl.sum(sum_w, axis=0))
+        tl.store(partial_row + 4 * part + 3, tl.sum(sum_wx, axis=0))
+    if PHASE == 0:
+        tl.debug_barrier()  # every thread's partials are stored before the count says so
+        tl.atomic_add(arrived_ptr + row, 1, sem="release")
+        while tl.atomic_add(arrived_ptr + row, 0, sem="acquire") < n_split:
+            pass
+    if PHASE != 1:
+        parts = tl.arange(0, SPLIT_BLOCK)
+        in_split = parts < n_split
+        # Read past L1: the partials were written by other programs of this launch.
+        m_parts = tl.load(partial_row + 4 * parts, mask=in_split, other=float("-inf"), cache_modifier=".cg")
+        s_parts = tl.load(partial_row + 4 * parts + 1, mask=in_split, other=0.0, cache_modifier=".cg")
+        w_parts = tl.load(partial_row + 4 * parts + 2, mask=in_split, other=0.0, cache_modifier=".cg")
+        wx_parts = tl.load(partial_row + 4 * parts + 3, mask=in_split, other=0.0, cache_modifier=".cg")
+        m = tl.max(m_parts, axis=0)
+        # A block with nothing but -inf has a sum of 0 (its rescale would be NaN); a NaN block's stays NaN.
+        scale = tl.where(m_parts == float("-inf"), 0.0, tl.exp(m_parts - tl.where(m == float("-inf"), 0.0, m)))
+        log_s = tl.log(tl.sum(s_parts * scale, axis=0))
+        if part == 0:
+            _store_row_loss(
+                loss_ptr, target_weight_ptr, row, m, log_s, w_parts, wx_parts, x_t, pivot, weight_ptr, t_safe, valid,
+                ignored, n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
+            )  # fmt: skip
+        w_t = _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT)
+        total_w = tl.sum(w_parts, axis=0) if HAS_WEIGHT and HAS_SMOOTHING else n_cols + 0.0
+        g = tl.where(valid, tl.load(share_ptr) if MEAN else 1.0, 0.0)
+        _store_dlogits(
+            dx_ptr + row * n_cols, tl.exp((x - m) - log_s), cols, in_row, weight_ptr, g, t_safe, w_t, total_w, valid,
+            ignored, n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING,
+        )  # fmt: skip
+
+
+@triton.jit
 def _cross_entropy_fma_probe_kernel(x_ptr, out_ptr):
     """out = fma(a, b, -(a * b)) for x = (a, b): the product's rounding residual where an fma rounds once, 0 where
     it rounds twice (see the launchers' EXP2)."""

@@ -254,7 +254,8 @@ def _forward_with_grad_split(
     rows = as_rows(logits, "logits")
     block = config["BLOCK_N"]
     n_split = cdiv(rows.n_cols, block)
-    if not call_state.interpret and n_split > backend.multiprocessors(logits.device):
+    # (Only a GPU's count: compile-only collection and the interpreter take CPU tensors.)
+    if logits.device.type == "cuda" and n_split > backend.multiprocessors(logits.device):
         raise Unsupported(
             "shape-unsupported",
             f"rows of {rows.n_cols} need {n_split} programs of {block} columns each, more than the device's "

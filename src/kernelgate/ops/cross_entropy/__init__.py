@@ -68,7 +68,7 @@ from kernelgate import backend, rowwise
 from kernelgate.config import Config, ConfigSpace
 from kernelgate.contract import FLOAT_DTYPES, ChoiceArg, ScalarArg, TensorArg
 from kernelgate.errors import InputValueError
-from kernelgate.launch import LazyKernel, Unsupported, as_rows, call_state, cdiv, empty, launch, next_power_of_2
+from kernelgate.launch import LazyKernel, Rows, Unsupported, as_rows, call_state, cdiv, empty, launch, next_power_of_2
 from kernelgate.library import Backward
 from kernelgate.op import HALF_AND_FLOAT, Op, TritonImpl
 from kernelgate.ops.cross_entropy.reference import (
@@ -205,6 +205,23 @@ def _mean_share(
     return share
 
 
+def _with_grad_buffers(
+    rows: Rows, logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, ignore_index: int,
+    reduction: str,
+) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """What cross_entropy_with_grad's kernels take besides the logits: the target and its row stride, the weight
+    pointer, the rows' losses and target weights (_loss_rows), a valid row's share of the gradient (for "mean",
+    computed first on the device by _mean_share; the losses, unread, otherwise) and the gradient, contiguous."""
+    t, stride_t = _flat_target(target)
+    w = _weight(weight, rows.tensor)
+    loss, target_weight = _loss_rows(rows.n_rows, logits, target, reduction)
+    share = loss
+    if reduction == "mean":
+        share = _mean_share(None, t, stride_t, w, weight is not None, rows.n_rows, rows.n_cols, ignore_index)
+    dx = empty(logits.shape, dtype=logits.dtype, device=logits.device)  # rows n_cols apart
+    return t, stride_t, w, loss, target_weight, share, dx
+
+
 def _forward_with_grad(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -220,15 +237,10 @@ def _forward_with_grad(
     """The loss and its gradient for an incoming gradient of 1 (see cross_entropy_with_grad)."""
     check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
     rows = as_rows(logits, "logits")
-    t, stride_t = _flat_target(target)
-    w = _weight(weight, rows.tensor)
-    loss, target_weight = _loss_rows(rows.n_rows, logits, target, reduction)
+    t, stride_t, w, loss, target_weight, share, dx = _with_grad_buffers(
+        rows, logits, target, weight, ignore_index, reduction
+    )
     mean = reduction == "mean"
-    # "mean" divides each row's gradient by the sum of the target weights: computed first, on the device.
-    share = loss  # not read unless "mean"
-    if mean:
-        share = _mean_share(None, t, stride_t, w, weight is not None, rows.n_rows, rows.n_cols, ignore_index)
-    dx = empty(logits.shape, dtype=logits.dtype, device=logits.device)  # contiguous: rows n_cols apart
     launch(
         CROSS_ENTROPY_FWD_GRAD, (rows.n_rows,), rows.tensor, t, w, share, loss, target_weight, dx, rows.stride,
         stride_t, rows.n_cols, ignore_index, float(label_smoothing),
@@ -254,21 +266,19 @@ def _forward_with_grad_split(
     rows = as_rows(logits, "logits")
     block = config["BLOCK_N"]
     n_split = cdiv(rows.n_cols, block)
-    # (Only a GPU's count: compile-only collection and the interpreter take CPU tensors.)
-    if logits.device.type == "cuda" and n_split > backend.multiprocessors(logits.device):
+    # Checked before anything launches. Only a GPU's count: compile-only collection and the interpreter take CPU
+    # tensors.
+    multiprocessors = backend.multiprocessors(logits.device) if logits.device.type == "cuda" else n_split
+    if n_split > multiprocessors:
         raise Unsupported(
             "shape-unsupported",
             f"rows of {rows.n_cols} need {n_split} programs of {block} columns each, more than the device's "
-            f"{backend.multiprocessors(logits.device)} multiprocessors run together",
+            f"{multiprocessors} multiprocessors run together",
         )
-    t, stride_t = _flat_target(target)
-    w = _weight(weight, rows.tensor)
-    loss, target_weight = _loss_rows(rows.n_rows, logits, target, reduction)
+    t, stride_t, w, loss, target_weight, share, dx = _with_grad_buffers(
+        rows, logits, target, weight, ignore_index, reduction
+    )
     mean = reduction == "mean"
-    share = loss  # not read unless "mean"
-    if mean:
-        share = _mean_share(None, t, stride_t, w, weight is not None, rows.n_rows, rows.n_cols, ignore_index)
-    dx = empty(logits.shape, dtype=logits.dtype, device=logits.device)  # contiguous: rows n_cols apart
     split_block = next_power_of_2(n_split)
     partials = torch.empty((rows.n_rows, split_block, 4), dtype=torch.float32, device=logits.device)
     arrived = torch.zeros(rows.n_rows, dtype=torch.int32, device=logits.device)

@@ -47,13 +47,15 @@ PERSISTENT = {"softmax", "log_softmax", "rms_norm"}
 PERSISTENT_LOOPED = {"softmax", "log_softmax", "rms_norm"}
 # Backwards with a split implementation too (rows of SPLIT_MIN_COLS or longer).
 SPLIT = {"rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward"}
+# Ops with a split_rows implementation too (rows longer than one block split over programs).
+SPLIT_ROWS = {"softmax", "log_softmax", "softmax_backward", "log_softmax_backward"}
 
 
 def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
     """single_block up to its limit (forwards go furthest, then softmax's and log_softmax's backwards, then the norms'
     backwards), and persistent beside it where the op has one; looped once a row exceeds 512 (its smallest block is
     1024, and no block may be longer than the row rounded up to a power of two); split beside looped from
-    SPLIT_MIN_COLS on, where the backward has one."""
+    SPLIT_MIN_COLS on, where the backward has one; split_rows beyond one block, where the op has one."""
     if op.name in FORWARDS:
         limit = MAX_SINGLE_BLOCK_FORWARD
     else:
@@ -61,6 +63,7 @@ def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
     one_block = {"single_block"} | ({"persistent"} if op.name in PERSISTENT else set())
     long_rows = {"persistent_looped"} if op.name in PERSISTENT_LOOPED and n_cols > MAX_SINGLE_BLOCK else set()
     split = {"split"} if op.name in SPLIT and n_cols >= SPLIT_MIN_COLS else set()
+    split |= {"split_rows"} if op.name in SPLIT_ROWS and n_cols > MAX_SINGLE_BLOCK else set()
     return (one_block if n_cols <= limit else set()) | ({"looped"} if n_cols > 512 else set()) | long_rows | split
 
 

@@ -24,8 +24,18 @@ import torch
 from kernelgate import backend
 from kernelgate.bucket import aligned16, pow2
 from kernelgate.config import Config, ConfigSpace
-from kernelgate.launch import LazyKernel, as_rows, cdiv, empty, launch, next_power_of_2, num_warps_for
-from kernelgate.op import TritonImpl
+from kernelgate.launch import (
+    LazyKernel,
+    Unsupported,
+    as_rows,
+    call_state,
+    cdiv,
+    empty,
+    launch,
+    next_power_of_2,
+    num_warps_for,
+)
+from kernelgate.op import HALF_AND_FLOAT, TritonImpl
 
 __all__ = [
     "INTERPRETED_L2_BYTES",
@@ -47,6 +57,9 @@ __all__ = [
     "SPLIT_DEFAULT",
     "SPLIT_MIN_COLS",
     "SPLIT_PER_THREAD",
+    "SPLIT_ROWS_CONFIGS",
+    "SPLIT_ROWS_DEFAULT",
+    "SPLIT_ROWS_PER_THREAD",
     "along_dim_backward_impls",
     "along_dim_bucket",
     "along_dim_impls",
@@ -72,6 +85,10 @@ __all__ = [
     "single_block_default",
     "single_block_impl",
     "split_impl",
+    "split_rows_buffers",
+    "split_rows_count",
+    "split_rows_impl",
+    "split_rows_phases",
     "sum_partials",
 ]
 
@@ -442,6 +459,76 @@ def launch_rows(
         launch(kernel, grid, *operands, n_rows, *scalars, ROWS=rows_per_program, BLOCK_N=block, num_warps=warps, **meta)
 
 
+# --- split rows: each row over consecutive programs that wait for each other (kernelgate.ops.split_rows) ----------
+# A block of a row is held in each program's registers (SPLIT_ROWS_PER_THREAD elements a thread), so a row of any
+# length is read once where a looped kernel reads it twice; worth it only for rows longer than one block.
+
+SPLIT_ROWS_CONFIGS = ConfigSpace(BLOCK_N=(2048, 4096, 8192, 16384), num_warps=(4, 8, 16, 32))
+SPLIT_ROWS_DEFAULT: Config = {"BLOCK_N": 8192, "num_warps": 16}
+SPLIT_ROWS_PER_THREAD = (4, 32)
+
+
+def split_rows_count(device: torch.device, n_cols: int, block: int) -> int:
+    """The programs a row of ``n_cols`` takes in blocks of ``block``; raises :class:`Unsupported` where that is more
+    than the device's multiprocessors, which must hold a row's programs at once for their waiting to end. Only a
+    GPU's count is checked: compile-only collection and the interpreter take CPU tensors."""
+    n_split = cdiv(n_cols, block)
+    multiprocessors = backend.multiprocessors(device) if device.type == "cuda" else n_split
+    if n_split > multiprocessors:
+        raise Unsupported(
+            "shape-unsupported",
+            f"rows of {n_cols} need {n_split} programs of {block} columns each, more than the device's "
+            f"{multiprocessors} multiprocessors run together",
+        )
+    return n_split
+
+
+def split_rows_buffers(
+    device: torch.device, n_rows: int, n_split: int, values: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A split-rows launch's float32 partials (``values`` a program, ``(n_rows, values * SPLIT_BLOCK)``), its
+    per-row arrival counts (int32 zeros) and SPLIT_BLOCK (``n_split`` rounded up to a power of two)."""
+    split_block = next_power_of_2(n_split)
+    partials = torch.empty((n_rows, values * split_block), dtype=torch.float32, device=device)
+    return partials, torch.zeros(n_rows, dtype=torch.int32, device=device), split_block
+
+
+def split_rows_phases() -> tuple[int, ...]:
+    """The PHASE of each launch of a split-rows kernel: one launch on a GPU; under the interpreter, which runs one
+    program at a time so that none could wait for another, the partials' launch and then the rest's."""
+    return (1, 2) if call_state.interpret else (0,)
+
+
+def split_rows_impl(
+    launcher: Callable[..., Any],
+    kernels: tuple[LazyKernel, ...],
+    n_cols: Callable[..., int],
+    *,
+    configs: ConfigSpace = SPLIT_ROWS_CONFIGS,
+    default_config: Config = SPLIT_ROWS_DEFAULT,
+    dtypes: tuple[torch.dtype, ...] = HALF_AND_FLOAT,
+) -> TritonImpl:
+    """The ``split_rows`` implementation of a row-wise op, for rows longer than :data:`MAX_SINGLE_BLOCK`; tuning
+    tries the configurations whose threads hold :data:`SPLIT_ROWS_PER_THREAD` elements of a block shorter than
+    the row."""
+
+    def supports(*args: Any) -> str | None:
+        n = n_cols(*args)
+        if n <= MAX_SINGLE_BLOCK:
+            return f"rows of {n} fit one block (at most {MAX_SINGLE_BLOCK}): single_block reads them once"
+        return None
+
+    def prune(config: Config, *args: Any) -> bool:
+        per_thread = config["BLOCK_N"] // (32 * config["num_warps"])
+        low, high = SPLIT_ROWS_PER_THREAD
+        return low <= per_thread <= high and config["BLOCK_N"] < n_cols(*args)
+
+    return TritonImpl(
+        "split_rows", launcher, kernels, dtypes=dtypes, supports=supports, configs=configs,
+        default_config=default_config, prune=prune,
+    )  # fmt: skip
+
+
 def _run_along(x: torch.Tensor, dim: int, kernel: LazyKernel, block: int, config: Config) -> torch.Tensor:
     last = _is_last(x, dim)
     moved = x if last else x.movedim(dim, -1)
@@ -453,6 +540,42 @@ def _run_along(x: torch.Tensor, dim: int, kernel: LazyKernel, block: int, config
     )  # fmt: skip
     # Contiguous, as torch's result and the fake tensor torch.compile plans with.
     return y if last else y.movedim(-1, dim).contiguous()
+
+
+def _run_along_split(x: torch.Tensor, dim: int, kernel: LazyKernel, config: Config) -> torch.Tensor:
+    last = _is_last(x, dim)
+    moved = x if last else x.movedim(dim, -1)
+    rows = as_rows(moved, "x")
+    block = config["BLOCK_N"]
+    n_split = split_rows_count(x.device, rows.n_cols, block)
+    y = empty(moved.shape, dtype=x.dtype, device=x.device)
+    partials, arrived, split_block = split_rows_buffers(x.device, rows.n_rows, n_split, 2)
+    for phase in split_rows_phases():
+        launch(
+            kernel, (rows.n_rows * n_split,), rows.tensor, y, partials, arrived, rows.stride, rows.n_cols,
+            rows.n_cols, n_split, PHASE=phase, SPLIT_BLOCK=split_block, BLOCK_N=block,
+            EVEN_N=rows.n_cols % block == 0, num_warps=config["num_warps"],
+        )  # fmt: skip
+    return y if last else y.movedim(-1, dim).contiguous()
+
+
+def _run_backward_along_split(
+    grad: torch.Tensor, y: torch.Tensor, dim: int, kernel: LazyKernel, config: Config
+) -> torch.Tensor:
+    last = _is_last(y, dim)
+    moved_g, moved_y = (grad, y) if last else (grad.movedim(dim, -1), y.movedim(dim, -1))
+    g_rows, y_rows = as_rows(moved_g, "grad"), as_rows(moved_y, "y")
+    block = config["BLOCK_N"]
+    n_split = split_rows_count(y.device, y_rows.n_cols, block)
+    dx = empty(moved_y.shape, dtype=grad.dtype, device=grad.device)
+    partials, arrived, split_block = split_rows_buffers(y.device, y_rows.n_rows, n_split, 1)
+    for phase in split_rows_phases():
+        launch(
+            kernel, (y_rows.n_rows * n_split,), g_rows.tensor, y_rows.tensor, dx, partials, arrived, g_rows.stride,
+            y_rows.stride, y_rows.n_cols, y_rows.n_cols, n_split, PHASE=phase, SPLIT_BLOCK=split_block, BLOCK_N=block,
+            EVEN_N=y_rows.n_cols % block == 0, num_warps=config["num_warps"],
+        )  # fmt: skip
+    return dx if last else dx.movedim(-1, dim).contiguous()
 
 
 def _run_backward_along(
@@ -480,10 +603,13 @@ def along_dim_impls(
     looped: LazyKernel,
     persistent: LazyKernel | None = None,
     persistent_looped: LazyKernel | None = None,
+    *,
+    split: LazyKernel | None = None,
 ) -> tuple[TritonImpl, ...]:
     """``single_block`` and ``looped`` implementations of an op ``(x, dim) -> y`` from its two kernels, with
-    ``persistent`` a ``persistent`` one (see :func:`persistent_impl`), and with ``persistent_looped`` (and
-    ``persistent``) a ``persistent_looped`` one (see :func:`persistent_looped_impl`)."""
+    ``persistent`` a ``persistent`` one (see :func:`persistent_impl`), with ``persistent_looped`` (and
+    ``persistent``) a ``persistent_looped`` one (see :func:`persistent_looped_impl`), and with ``split`` a
+    ``split_rows`` one (:func:`split_rows_impl`)."""
 
     def launch_single(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
         return _run_along(x, dim, single, single_block(along_dim_length(x, dim)), config)
@@ -495,6 +621,13 @@ def along_dim_impls(
         single_block_impl(launch_single, single, _n_cols_along, _n_rows_along, max_block=MAX_SINGLE_BLOCK_FORWARD),
         looped_impl(launch_looped, looped, _n_cols_along, configs=LOOPED_CONFIGS_32_WARPS),
     )
+    if split is not None:
+        split_kernel = split
+
+        def launch_split(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
+            return _run_along_split(x, dim, split_kernel, config)
+
+        impls = (*impls, split_rows_impl(launch_split, (split,), _n_cols_along))
     if persistent is None:
         return impls
 
@@ -619,8 +752,11 @@ def persistent_looped_impl(launcher: Callable[..., Any], kernel: LazyKernel, n_c
     )
 
 
-def along_dim_backward_impls(single: LazyKernel, looped: LazyKernel) -> tuple[TritonImpl, TritonImpl]:
-    """``single_block`` and ``looped`` implementations of a gradient ``(grad, y, dim) -> dx``."""
+def along_dim_backward_impls(
+    single: LazyKernel, looped: LazyKernel, *, split: LazyKernel | None = None
+) -> tuple[TritonImpl, ...]:
+    """``single_block`` and ``looped`` implementations of a gradient ``(grad, y, dim) -> dx``, and with ``split`` a
+    ``split_rows`` one (:func:`split_rows_impl`)."""
 
     def launch_single(grad: torch.Tensor, y: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
         return _run_backward_along(grad, y, dim, single, single_block(along_dim_length(y, dim)), config)
@@ -628,9 +764,17 @@ def along_dim_backward_impls(single: LazyKernel, looped: LazyKernel) -> tuple[Tr
     def launch_looped(grad: torch.Tensor, y: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
         return _run_backward_along(grad, y, dim, looped, config["BLOCK_N"], config)
 
-    return (
+    impls: tuple[TritonImpl, ...] = (
         single_block_impl(
             launch_single, single, _n_cols_along, _n_rows_along, max_block=MAX_SINGLE_BLOCK_ALONG_BACKWARD
         ),
         looped_impl(launch_looped, looped, _n_cols_along),
     )
+    if split is None:
+        return impls
+    split_kernel = split
+
+    def launch_split(grad: torch.Tensor, y: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
+        return _run_backward_along_split(grad, y, dim, split_kernel, config)
+
+    return (*impls, split_rows_impl(launch_split, (split,), _n_cols_along))

@@ -68,7 +68,7 @@ from kernelgate import backend, rowwise
 from kernelgate.config import Config, ConfigSpace
 from kernelgate.contract import FLOAT_DTYPES, ChoiceArg, ScalarArg, TensorArg
 from kernelgate.errors import InputValueError
-from kernelgate.launch import LazyKernel, Rows, Unsupported, as_rows, call_state, cdiv, empty, launch, next_power_of_2
+from kernelgate.launch import LazyKernel, Rows, as_rows, call_state, empty, launch
 from kernelgate.library import Backward
 from kernelgate.op import HALF_AND_FLOAT, Op, TritonImpl
 from kernelgate.ops.cross_entropy.reference import (
@@ -265,23 +265,12 @@ def _forward_with_grad_split(
     check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
     rows = as_rows(logits, "logits")
     block = config["BLOCK_N"]
-    n_split = cdiv(rows.n_cols, block)
-    # Checked before anything launches. Only a GPU's count: compile-only collection and the interpreter take CPU
-    # tensors.
-    multiprocessors = backend.multiprocessors(logits.device) if logits.device.type == "cuda" else n_split
-    if n_split > multiprocessors:
-        raise Unsupported(
-            "shape-unsupported",
-            f"rows of {rows.n_cols} need {n_split} programs of {block} columns each, more than the device's "
-            f"{multiprocessors} multiprocessors run together",
-        )
+    n_split = rowwise.split_rows_count(logits.device, rows.n_cols, block)  # checked before anything launches
     t, stride_t, w, loss, target_weight, share, dx = _with_grad_buffers(
         rows, logits, target, weight, ignore_index, reduction
     )
     mean = reduction == "mean"
-    split_block = next_power_of_2(n_split)
-    partials = torch.empty((rows.n_rows, split_block, 4), dtype=torch.float32, device=logits.device)
-    arrived = torch.zeros(rows.n_rows, dtype=torch.int32, device=logits.device)
+    partials, arrived, split_block = rowwise.split_rows_buffers(logits.device, rows.n_rows, n_split, 4)
     args = (
         rows.tensor, t, w, share, loss, target_weight, dx, partials, arrived, rows.stride, stride_t, rows.n_cols,
         n_split, ignore_index, float(label_smoothing),
@@ -290,41 +279,26 @@ def _forward_with_grad_split(
         "HAS_WEIGHT": weight is not None, "HAS_SMOOTHING": label_smoothing > 0, "MEAN": mean,
         "WRITE_TARGET_WEIGHT": mean, "SPLIT_BLOCK": split_block, "BLOCK_N": block, "num_warps": config["num_warps"],
     }  # fmt: skip
-    # The interpreter runs one program at a time, so none could wait for another: two launches there.
-    for phase in (1, 2) if call_state.interpret else (0,):
+    for phase in rowwise.split_rows_phases():
         launch(CROSS_ENTROPY_FWD_GRAD_SPLIT, (rows.n_rows * n_split,), *args, PHASE=phase, **meta)
     return _reduce(loss, target_weight, logits, reduction), dx
 
 
-# split_rows holds a block of a row in each program's registers (4 to 32 elements a thread) and is worth it only
-# where the looped kernel reads a row twice: rows longer than one block.
+# split_rows (rowwise.split_rows_impl) holds a block of a row in each program's registers and is worth it only where
+# the looped kernel reads a row twice: rows longer than one block. Tuned on the H200 without 32 warps, its
+# gradient being heavier per element than softmax's (benchmarks/results/h200/cross-entropy-split-rows-36439d6/).
 SPLIT_ROWS_CONFIGS = ConfigSpace(BLOCK_N=(2048, 4096, 8192, 16384), num_warps=(4, 8, 16))
 SPLIT_ROWS_DEFAULT: Config = {"BLOCK_N": 8192, "num_warps": 8}
-SPLIT_ROWS_PER_THREAD = (4, 32)
 
 
 def _split_rows_impl() -> TritonImpl:
-    def supports(logits: torch.Tensor, *args: Any) -> str | None:
-        n = _n_cols(logits)
-        if n <= rowwise.MAX_SINGLE_BLOCK:
-            return f"rows of {n} fit one block (at most {rowwise.MAX_SINGLE_BLOCK}): single_block reads them once"
-        return None
-
-    def prune(config: Config, logits: torch.Tensor, *args: Any) -> bool:
-        per_thread = config["BLOCK_N"] // (32 * config["num_warps"])
-        return SPLIT_ROWS_PER_THREAD[0] <= per_thread <= SPLIT_ROWS_PER_THREAD[1] and config["BLOCK_N"] < _n_cols(
-            logits
-        )
-
-    return TritonImpl(
-        "split_rows",
+    return rowwise.split_rows_impl(
         _forward_with_grad_split,
         (CROSS_ENTROPY_BWD_SCALE, CROSS_ENTROPY_FWD_GRAD_SPLIT, CROSS_ENTROPY_REDUCE),
-        dtypes=DTYPES,
-        supports=supports,
+        lambda logits, *args: _n_cols(logits),
         configs=SPLIT_ROWS_CONFIGS,
         default_config=SPLIT_ROWS_DEFAULT,
-        prune=prune,
+        dtypes=DTYPES,
     )
 
 

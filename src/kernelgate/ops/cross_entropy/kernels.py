@@ -22,6 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelgate.ops.split_rows import load_row_partials, wait_for_row
+
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2)
 
@@ -469,15 +471,10 @@ def _cross_entropy_fwd_grad_split_kernel(
     Grid: (n_rows * n_split,); program ``p`` holds columns ``[k * BLOCK_N, (k + 1) * BLOCK_N)`` of row
     ``p // n_split``, ``k = p % n_split``, so a row's programs are consecutive. Each reduces its block to its
     maximum, its sum of ``exp(x - max)`` and (with HAS_SMOOTHING) the smoothing sums, and stores them at
-    partial_ptr: (n_rows, SPLIT_BLOCK, 4) float32, SPLIT_BLOCK >= n_split a power of two. arrived_ptr:
-    (n_rows,) int32, zero at launch: each program adds one after its partials, then waits until the row's
-    ``n_split`` have. Waiting is safe because a GPU starts programs in the order of their ids, and a row's
-    programs are consecutive and fewer than can run at once (the launcher keeps ``n_split`` at most the
-    multiprocessors' count): the first row not yet done has all its programs running. Every program then
-    combines the row's partials into ``m`` and ``log(s)``, the row's first writes the loss, and each writes
-    its block's gradient. PHASE 0 does all that in one launch; Triton's interpreter runs programs one after
-    another, so a program cannot wait for another: there PHASE 1 (partials only) and then PHASE 2 (the rest,
-    the block read again) run as two launches.
+    partial_ptr: (n_rows, 4 * SPLIT_BLOCK) float32, SPLIT_BLOCK >= n_split a power of two; then it waits for
+    the row's other programs (arrived_ptr: (n_rows,) int32, zeros; :mod:`kernelgate.ops.split_rows` says why the
+    waiting ends, and how PHASE runs it under the interpreter). Every program then combines the row's partials
+    into ``m`` and ``log(s)``, the row's first writes the loss, and each writes its block's gradient.
     Other pointers as in :func:`_cross_entropy_fwd_grad_kernel`.
     """
     pid = tl.program_id(0)
@@ -497,23 +494,17 @@ def _cross_entropy_fwd_grad_split_kernel(
         sum_wx = tl.zeros([BLOCK_N], tl.float32)
         if HAS_SMOOTHING:
             sum_w, sum_wx = _smoothing_sums(sum_w, sum_wx, x, cols, in_row, pivot, weight_ptr, HAS_WEIGHT)
-        tl.store(partial_row + 4 * part, m_part)
-        tl.store(partial_row + 4 * part + 1, s_part)
-        tl.store(partial_row + 4 * part + 2, tl.sum(sum_w, axis=0))
-        tl.store(partial_row + 4 * part + 3, tl.sum(sum_wx, axis=0))
+        tl.store(partial_row + part, m_part)
+        tl.store(partial_row + SPLIT_BLOCK + part, s_part)
+        tl.store(partial_row + 2 * SPLIT_BLOCK + part, tl.sum(sum_w, axis=0))
+        tl.store(partial_row + 3 * SPLIT_BLOCK + part, tl.sum(sum_wx, axis=0))
     if PHASE == 0:
-        tl.debug_barrier()  # every thread's partials are stored before the count says so
-        tl.atomic_add(arrived_ptr + row, 1, sem="release")
-        while tl.atomic_add(arrived_ptr + row, 0, sem="acquire") < n_split:
-            pass
+        wait_for_row(arrived_ptr, row, n_split)
     if PHASE != 1:
-        parts = tl.arange(0, SPLIT_BLOCK)
-        in_split = parts < n_split
-        # Read past L1: the partials were written by other programs of this launch.
-        m_parts = tl.load(partial_row + 4 * parts, mask=in_split, other=float("-inf"), cache_modifier=".cg")
-        s_parts = tl.load(partial_row + 4 * parts + 1, mask=in_split, other=0.0, cache_modifier=".cg")
-        w_parts = tl.load(partial_row + 4 * parts + 2, mask=in_split, other=0.0, cache_modifier=".cg")
-        wx_parts = tl.load(partial_row + 4 * parts + 3, mask=in_split, other=0.0, cache_modifier=".cg")
+        m_parts = load_row_partials(partial_row, 0, n_split, float("-inf"), SPLIT_BLOCK)
+        s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+        w_parts = load_row_partials(partial_row, 2, n_split, 0.0, SPLIT_BLOCK)
+        wx_parts = load_row_partials(partial_row, 3, n_split, 0.0, SPLIT_BLOCK)
         m = tl.max(m_parts, axis=0)
         # A block with nothing but -inf has a sum of 0 (its rescale would be NaN); a NaN block's stays NaN.
         scale = tl.where(m_parts == float("-inf"), 0.0, tl.exp(m_parts - tl.where(m == float("-inf"), 0.0, m)))

@@ -19,8 +19,10 @@ LOG_SOFTMAX_FWD = LazyKernel(_KERNELS, "_log_softmax_fwd_kernel")
 LOG_SOFTMAX_FWD_LOOPED = LazyKernel(_KERNELS, "_log_softmax_fwd_looped_kernel")
 LOG_SOFTMAX_FWD_PERSISTENT = LazyKernel(_KERNELS, "_log_softmax_fwd_persistent_kernel")
 LOG_SOFTMAX_FWD_PERSISTENT_LOOPED = LazyKernel(_KERNELS, "_log_softmax_fwd_persistent_looped_kernel")
+LOG_SOFTMAX_FWD_SPLIT = LazyKernel(_KERNELS, "_log_softmax_fwd_split_kernel")
 LOG_SOFTMAX_BWD = LazyKernel(_KERNELS, "_log_softmax_bwd_kernel")
 LOG_SOFTMAX_BWD_LOOPED = LazyKernel(_KERNELS, "_log_softmax_bwd_looped_kernel")
+LOG_SOFTMAX_BWD_SPLIT = LazyKernel(_KERNELS, "_log_softmax_bwd_split_kernel")
 
 
 def _make_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, int]:
@@ -38,7 +40,9 @@ log_softmax_backward = Op(
     "log_softmax_backward",
     reference=log_softmax_backward_reference,
     args=(TensorArg("grad"), TensorArg("y", same_shape_as="grad"), DimArg("dim", of="y")),
-    implementations=rowwise.along_dim_backward_impls(LOG_SOFTMAX_BWD, LOG_SOFTMAX_BWD_LOOPED),
+    implementations=rowwise.along_dim_backward_impls(
+        LOG_SOFTMAX_BWD, LOG_SOFTMAX_BWD_LOOPED, split=LOG_SOFTMAX_BWD_SPLIT
+    ),
     bucket=lambda grad, y, dim: rowwise.along_dim_bucket(y, dim),
     reduction_length=lambda grad, y, dim: rowwise.along_dim_length(y, dim),
     make_inputs=_make_backward_inputs,
@@ -49,7 +53,11 @@ log_softmax = Op(
     reference=log_softmax_reference,
     args=(TensorArg("x"), DimArg("dim", of="x")),
     implementations=rowwise.along_dim_impls(
-        LOG_SOFTMAX_FWD, LOG_SOFTMAX_FWD_LOOPED, LOG_SOFTMAX_FWD_PERSISTENT, LOG_SOFTMAX_FWD_PERSISTENT_LOOPED
+        LOG_SOFTMAX_FWD,
+        LOG_SOFTMAX_FWD_LOOPED,
+        LOG_SOFTMAX_FWD_PERSISTENT,
+        LOG_SOFTMAX_FWD_PERSISTENT_LOOPED,
+        split=LOG_SOFTMAX_FWD_SPLIT,
     ),
     bucket=rowwise.along_dim_bucket,
     reduction_length=rowwise.along_dim_length,

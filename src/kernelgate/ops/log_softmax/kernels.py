@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from kernelgate.ops.softmax.kernels import online_max_and_sum
+from kernelgate.ops.split_rows import split_row_max_and_sum, split_row_sum
 from kernelgate.ops.tiles import load_tile, store_tile
 
 
@@ -99,6 +100,31 @@ def _log_softmax_fwd_persistent_looped_kernel(
 
 
 @triton.jit
+def _log_softmax_fwd_split_kernel(
+    x_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """Log-softmax of rows split over ``n_split`` programs of BLOCK_N columns each, held in registers
+    (:mod:`kernelgate.ops.split_rows`): each row is read once and written once, however long it is.
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows * n_split,). partial_ptr: (n_rows, 2 * SPLIT_BLOCK) float32;
+    arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks). A row of only -inf
+    gives NaN, as in torch.
+    """
+    pid = tl.program_id(0)
+    row = pid // n_split
+    part = pid % n_split
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
+    m, s = split_row_max_and_sum(x, partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row, part, n_split, PHASE,
+                                 SPLIT_BLOCK)  # fmt: skip
+    if PHASE != 1:
+        y = (x - m) - tl.log(s)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
+@triton.jit
 def _log_softmax_bwd_kernel(
     dy_ptr, y_ptr, dx_ptr, stride_dym, stride_ym, stride_dxm, n_rows, n_cols, ROWS: tl.constexpr, BLOCK_N: tl.constexpr
 ):  # fmt: skip
@@ -139,3 +165,28 @@ def _log_softmax_bwd_looped_kernel(
         )
         y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         tl.store(dx_ptr + row * stride_dxm + cols, (dy - tl.exp(y) * total).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _log_softmax_bwd_split_kernel(
+    dy_ptr, y_ptr, dx_ptr, partial_ptr, arrived_ptr, stride_dym, stride_ym, stride_dxm, n_cols, n_split,
+    PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """The log-softmax gradient of rows split over ``n_split`` programs of BLOCK_N columns each
+    (:mod:`kernelgate.ops.split_rows`): dy and y are read once, however long the rows are.
+
+    dy_ptr, y_ptr, dx_ptr: (n_rows, n_cols). Grid: (n_rows * n_split,). partial_ptr: (n_rows, SPLIT_BLOCK)
+    float32; arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
+    """
+    pid = tl.program_id(0)
+    row = pid // n_split
+    part = pid % n_split
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    dy = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    # y is read before the wait too, so that its load overlaps it.
+    y = load_tile(y_ptr + row * stride_ym + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    total = split_row_sum(dy, partial_ptr + row * SPLIT_BLOCK, arrived_ptr, row, part, n_split, PHASE, SPLIT_BLOCK)
+    if PHASE != 1:
+        store_tile(dx_ptr + row * stride_dxm + cols, (dy - tl.exp(y) * total).to(dx_ptr.dtype.element_ty), mask, EVEN_N,
+                   "")  # fmt: skip

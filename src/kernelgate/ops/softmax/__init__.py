@@ -18,8 +18,10 @@ SOFTMAX_FWD = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_kernel"
 SOFTMAX_FWD_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_looped_kernel")
 SOFTMAX_FWD_PERSISTENT = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_persistent_kernel")
 SOFTMAX_FWD_PERSISTENT_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_persistent_looped_kernel")
+SOFTMAX_FWD_SPLIT = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_split_kernel")
 SOFTMAX_BWD = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_bwd_kernel")
 SOFTMAX_BWD_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_bwd_looped_kernel")
+SOFTMAX_BWD_SPLIT = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_bwd_split_kernel")
 
 
 def _make_inputs(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, int]:
@@ -37,7 +39,7 @@ softmax_backward = Op(
     "softmax_backward",
     reference=softmax_backward_reference,
     args=(TensorArg("grad"), TensorArg("y", same_shape_as="grad"), DimArg("dim", of="y")),
-    implementations=rowwise.along_dim_backward_impls(SOFTMAX_BWD, SOFTMAX_BWD_LOOPED),
+    implementations=rowwise.along_dim_backward_impls(SOFTMAX_BWD, SOFTMAX_BWD_LOOPED, split=SOFTMAX_BWD_SPLIT),
     bucket=lambda grad, y, dim: rowwise.along_dim_bucket(y, dim),
     reduction_length=lambda grad, y, dim: rowwise.along_dim_length(y, dim),
     make_inputs=_make_backward_inputs,
@@ -48,7 +50,11 @@ softmax = Op(
     reference=softmax_reference,
     args=(TensorArg("x"), DimArg("dim", of="x")),
     implementations=rowwise.along_dim_impls(
-        SOFTMAX_FWD, SOFTMAX_FWD_LOOPED, SOFTMAX_FWD_PERSISTENT, SOFTMAX_FWD_PERSISTENT_LOOPED
+        SOFTMAX_FWD,
+        SOFTMAX_FWD_LOOPED,
+        SOFTMAX_FWD_PERSISTENT,
+        SOFTMAX_FWD_PERSISTENT_LOOPED,
+        split=SOFTMAX_FWD_SPLIT,
     ),
     bucket=rowwise.along_dim_bucket,
     reduction_length=rowwise.along_dim_length,

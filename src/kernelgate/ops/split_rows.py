@@ -1,0 +1,88 @@
+"""``@triton.jit`` helpers of the ``split_rows`` kernels, which split each row over consecutive programs that hold a
+block of it in registers each, so that a row of any length is read once.
+
+Program ``p`` of such a kernel holds block ``k = p % n_split`` of row ``p // n_split``. It reduces its block to
+partial values, stores them in the row's slots of a float32 ``partial`` buffer (``(n_rows, parts * SPLIT_BLOCK)``,
+``SPLIT_BLOCK >= n_split`` a power of two: value ``j`` of block ``k`` at ``j * SPLIT_BLOCK + k``), adds one to
+the row's count in ``arrived`` (``(n_rows,)`` int32, zero at launch) and waits until the row's ``n_split``
+programs have. Then every program combines the row's partials and writes its block of the result.
+
+Waiting is safe because a GPU starts programs in the order of their ids, and a row's programs are consecutive
+and no more than can run at once (the launchers keep ``n_split`` at most the multiprocessors' count,
+``rowwise.split_rows_count``): the first row not yet done has all its programs running, so some row always
+completes. It assumes the kernel has the device to itself as a launch normally does; a GPU partitioned into
+fewer multiprocessors than ``n_split`` (MPS limits, green contexts) could leave a row's last programs waiting
+for a place that never frees.
+
+Triton's interpreter runs programs one after another, so a program there cannot wait for another: the kernels
+take ``PHASE``, 0 on a GPU (everything in one launch), and under the interpreter 1 (partials only) then 2 (the
+rest, the block read again) as two launches.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def wait_for_row(arrived_ptr, row, n_split):
+    """Count this program's partials as stored for ``row`` and wait until the row's ``n_split`` programs have."""
+    tl.debug_barrier()  # every thread's partials are stored before the count says so
+    tl.atomic_add(arrived_ptr + row, 1, sem="release")
+    while tl.atomic_add(arrived_ptr + row, 0, sem="acquire") < n_split:
+        pass
+
+
+@triton.jit
+def load_row_partials(partial_row, slot, n_split, other, SPLIT_BLOCK: tl.constexpr):
+    """Partial value ``slot`` of each of a row's ``n_split`` programs (``other`` past them), read past L1: other
+    programs of this launch wrote them."""
+    parts = tl.arange(0, SPLIT_BLOCK)
+    return tl.load(partial_row + slot * SPLIT_BLOCK + parts, mask=parts < n_split, other=other, cache_modifier=".cg")
+
+
+@triton.jit
+def split_row_max_and_sum(
+    x, partial_row, arrived_ptr, row, part, n_split, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr
+):  # fmt: skip
+    """The max ``m`` of a row split over programs and the sum of ``exp(x - m)`` over it, from this program's block
+    ``x`` (float32, -inf where masked). partial_row: the row's ``2 * SPLIT_BLOCK`` partial slots. Under PHASE 1 it
+    only stores the block's partials and returns zeros.
+
+    A block of nothing but -inf has a sum of 0 (its terms, and its rescale, would be NaN); a NaN in a block makes
+    its sum, and so the row's, NaN, as in torch.
+    """
+    if PHASE != 2:
+        m_part = tl.max(x, axis=0)
+        s_part = tl.sum(tl.where(x == -float("inf"), 0.0, tl.exp(x - m_part)), axis=0)
+        tl.store(partial_row + part, m_part)
+        tl.store(partial_row + SPLIT_BLOCK + part, s_part)
+    if PHASE == 0:
+        wait_for_row(arrived_ptr, row, n_split)
+    m = tl.zeros([], tl.float32)
+    s = tl.zeros([], tl.float32)
+    if PHASE != 1:
+        m_parts = load_row_partials(partial_row, 0, n_split, -float("inf"), SPLIT_BLOCK)
+        s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+        m = tl.max(m_parts, axis=0)
+        scale = tl.where(m_parts == -float("inf"), 0.0, tl.exp(m_parts - tl.where(m == -float("inf"), 0.0, m)))
+        s = tl.sum(s_parts * scale, axis=0)
+    return m, s
+
+
+@triton.jit
+def split_row_sum(
+    v, partial_row, arrived_ptr, row, part, n_split, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr
+):  # fmt: skip
+    """The sum over a row split over programs, from this program's block ``v`` (float32, 0 where masked).
+    partial_row: the row's ``SPLIT_BLOCK`` partial slots. Under PHASE 1 it only stores the block's sum and
+    returns 0."""
+    if PHASE != 2:
+        tl.store(partial_row + part, tl.sum(v, axis=0))
+    if PHASE == 0:
+        wait_for_row(arrived_ptr, row, n_split)
+    total = tl.zeros([], tl.float32)
+    if PHASE != 1:
+        total = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
+    return total

@@ -1,0 +1,104 @@
+"""split_rows of softmax and log_softmax, forward and backward: each row split over programs that hold a block of it
+each and wait for the row's others (kernelgate.ops.split_rows), against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernelgate
+from kernelgate import rowwise
+from kernelgate.launch import Unsupported
+from kernelgate.op import Op, TritonImpl
+from kernelgate.selection import run_candidate
+from kernelgate.tolerance import assert_close
+
+FORWARDS = [kernelgate.softmax, kernelgate.log_softmax]
+BACKWARDS = [kernelgate.softmax_backward, kernelgate.log_softmax_backward]
+INF = float("inf")
+
+
+def _split_rows(op: Op) -> TritonImpl:
+    return next(impl for impl in op.implementations if impl.name == "split_rows")
+
+
+def _rows(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """3 * randn rows where row 1 starts with two whole blocks of 2048 of -inf and holds one more -inf."""
+    gen = torch.Generator().manual_seed(0)
+    x = 3 * torch.randn(shape, generator=gen)
+    x[..., 1, :4096] = -INF
+    x[..., 1, 9000] = -INF
+    return x.to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block", [2048, 8192])
+@pytest.mark.parametrize("op", FORWARDS, ids=lambda op: op.name)
+def test_split_rows_forward_matches_the_reference(target: torch.device, op: Op, block: int, dtype: torch.dtype) -> None:
+    """Rows of 20000 over 10 and 3 programs (the last one partial), blocks of nothing but -inf among them, in
+    float32 and bfloat16, give the reference's result."""
+    x = _rows((3, 20000), dtype, target)
+    impl = _split_rows(op)
+    assert impl.supports is not None and impl.supports(x, -1) is None
+    y = run_candidate(impl, {"BLOCK_N": block, "num_warps": 4}, (x, -1), target.type == "cpu", poison=True)
+    assert (y.dtype, y.shape, y.is_contiguous()) == (dtype, x.shape, True)
+    assert_close(y, op.reference(x, -1), reduction_length=x.shape[-1])
+
+
+@pytest.mark.parametrize("op", FORWARDS, ids=lambda op: op.name)
+def test_split_rows_forward_of_special_rows(target: torch.device, op: Op) -> None:
+    """A row of only -inf and a row holding a NaN give NaN rows, as in torch, and leave the other rows right; rows
+    along another dimension than the last, whose length divides into whole blocks, run too."""
+    x = _rows((4, 16896), torch.float32, target)
+    x[2] = -INF
+    x[3, 7] = float("nan")
+    y = run_candidate(_split_rows(op), {"BLOCK_N": 2048, "num_warps": 4}, (x, -1), target.type == "cpu", poison=True)
+    assert bool(torch.isnan(y[2]).all()) and bool(torch.isnan(y[3]).all())
+    assert_close(y[:2], op.reference(x[:2], -1), reduction_length=x.shape[-1])
+    along = _rows((2, 3, 32768), torch.float32, target).transpose(1, 2)  # rows along dim 1, 32768 / 4096 = 8 blocks
+    y = run_candidate(_split_rows(op), {"BLOCK_N": 4096, "num_warps": 4}, (along, 1), target.type == "cpu", True)
+    assert y.is_contiguous() and y.shape == along.shape
+    assert_close(y, op.reference(along, 1), reduction_length=along.shape[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block", [2048, 8192])
+@pytest.mark.parametrize("op", BACKWARDS, ids=lambda op: op.name)
+def test_split_rows_backward_matches_the_reference(
+    target: torch.device, op: Op, block: int, dtype: torch.dtype
+) -> None:
+    """The gradients of rows of 20000 over 10 and 3 programs give the reference's, in float32 and bfloat16."""
+    forward = kernelgate.softmax if op is kernelgate.softmax_backward else kernelgate.log_softmax
+    y = forward.reference(_rows((3, 20000), torch.float32, target), -1).to(dtype)
+    gen = torch.Generator().manual_seed(1)
+    grad = torch.randn(y.shape, generator=gen).to(device=target, dtype=dtype)
+    dx = run_candidate(
+        _split_rows(op), {"BLOCK_N": block, "num_warps": 4}, (grad, y, -1), target.type == "cpu", poison=True
+    )
+    assert (dx.dtype, dx.shape, dx.is_contiguous()) == (dtype, y.shape, True)
+    assert_close(dx, op.reference(grad, y, -1), reduction_length=y.shape[-1])
+
+
+@pytest.mark.parametrize("op", FORWARDS + BACKWARDS, ids=lambda op: op.name)
+def test_split_rows_takes_only_rows_longer_than_one_block(op: Op) -> None:
+    """split_rows declines rows that fit one block, naming why, and keeps only blocks shorter than the row that
+    give each thread 4 to 32 elements."""
+    impl = _split_rows(op)
+    assert impl.supports is not None and impl.prune is not None
+    args = lambda n: (torch.zeros(2, n), -1) if op in FORWARDS else (torch.zeros(2, n), torch.zeros(2, n), -1)
+    assert "fit one block" in str(impl.supports(*args(16384)))
+    kept = [dict(c) for c in impl.configs or () if impl.prune(c, *args(20000))]
+    assert {"BLOCK_N": 16384, "num_warps": 32} in kept and {"BLOCK_N": 16384, "num_warps": 8} not in kept
+    assert {"BLOCK_N": 2048, "num_warps": 32} not in kept  # 2 elements a thread
+    assert all(c["BLOCK_N"] < 20000 for c in kept)
+
+
+def test_split_rows_count_refuses_more_programs_a_row_than_multiprocessors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's programs must all run at once for their waiting to end: more of them than the GPU's multiprocessors
+    raise Unsupported (the call takes another implementation), naming the count; CPU tensors are not limited."""
+    monkeypatch.setattr(rowwise.backend, "multiprocessors", lambda device: 8)
+    cuda = torch.device("cuda")
+    assert rowwise.split_rows_count(cuda, 16384, 2048) == 8
+    with pytest.raises(Unsupported, match="need 9 programs of 2048 columns each, more than the device's 8"):
+        rowwise.split_rows_count(cuda, 16385, 2048)
+    assert rowwise.split_rows_count(torch.device("cpu"), 131072, 2048) == 64

@@ -26,6 +26,7 @@ from kernelgate.bucket import aligned16, pow2
 from kernelgate.config import Config, ConfigSpace
 from kernelgate.launch import (
     LazyKernel,
+    Rows,
     Unsupported,
     as_rows,
     call_state,
@@ -68,6 +69,7 @@ __all__ = [
     "column_row_groups",
     "fits_one_block",
     "launch_rows",
+    "launch_split_rows",
     "looped_impl",
     "per_thread_ok",
     "persistent_impl",
@@ -542,20 +544,38 @@ def _run_along(x: torch.Tensor, dim: int, kernel: LazyKernel, block: int, config
     return y if last else y.movedim(-1, dim).contiguous()
 
 
+def launch_split_rows(
+    kernel: LazyKernel,
+    rows: Rows,
+    pointers: tuple[Any, ...],
+    strides: tuple[int, ...],
+    scalars: tuple[Any, ...],
+    values: int,
+    *,
+    config: Config,
+    **meta: Any,
+) -> None:
+    """Launch a split-rows kernel over ``rows`` as ``kernel(*pointers, partials, arrived, *strides, n_cols, n_split,
+    *scalars, PHASE=..., SPLIT_BLOCK=..., BLOCK_N=..., **meta)``, ``values`` partials a program, once on a GPU and
+    twice under the interpreter (:func:`split_rows_phases`); raises :class:`Unsupported` where a row's programs
+    outnumber the multiprocessors (:func:`split_rows_count`)."""
+    block = config["BLOCK_N"]
+    n_split = split_rows_count(rows.tensor.device, rows.n_cols, block)
+    partials, arrived, split_block = split_rows_buffers(rows.tensor.device, rows.n_rows, n_split, values)
+    for phase in split_rows_phases():
+        launch(
+            kernel, (rows.n_rows * n_split,), *pointers, partials, arrived, *strides, rows.n_cols, n_split, *scalars,
+            PHASE=phase, SPLIT_BLOCK=split_block, BLOCK_N=block, num_warps=config["num_warps"], **meta,
+        )  # fmt: skip
+
+
 def _run_along_split(x: torch.Tensor, dim: int, kernel: LazyKernel, config: Config) -> torch.Tensor:
     last = _is_last(x, dim)
     moved = x if last else x.movedim(dim, -1)
     rows = as_rows(moved, "x")
-    block = config["BLOCK_N"]
-    n_split = split_rows_count(x.device, rows.n_cols, block)
     y = empty(moved.shape, dtype=x.dtype, device=x.device)
-    partials, arrived, split_block = split_rows_buffers(x.device, rows.n_rows, n_split, 2)
-    for phase in split_rows_phases():
-        launch(
-            kernel, (rows.n_rows * n_split,), rows.tensor, y, partials, arrived, rows.stride, rows.n_cols,
-            rows.n_cols, n_split, PHASE=phase, SPLIT_BLOCK=split_block, BLOCK_N=block,
-            EVEN_N=rows.n_cols % block == 0, num_warps=config["num_warps"],
-        )  # fmt: skip
+    even = rows.n_cols % config["BLOCK_N"] == 0
+    launch_split_rows(kernel, rows, (rows.tensor, y), (rows.stride, rows.n_cols), (), 2, config=config, EVEN_N=even)
     return y if last else y.movedim(-1, dim).contiguous()
 
 
@@ -565,16 +585,11 @@ def _run_backward_along_split(
     last = _is_last(y, dim)
     moved_g, moved_y = (grad, y) if last else (grad.movedim(dim, -1), y.movedim(dim, -1))
     g_rows, y_rows = as_rows(moved_g, "grad"), as_rows(moved_y, "y")
-    block = config["BLOCK_N"]
-    n_split = split_rows_count(y.device, y_rows.n_cols, block)
     dx = empty(moved_y.shape, dtype=grad.dtype, device=grad.device)
-    partials, arrived, split_block = split_rows_buffers(y.device, y_rows.n_rows, n_split, 1)
-    for phase in split_rows_phases():
-        launch(
-            kernel, (y_rows.n_rows * n_split,), g_rows.tensor, y_rows.tensor, dx, partials, arrived, g_rows.stride,
-            y_rows.stride, y_rows.n_cols, y_rows.n_cols, n_split, PHASE=phase, SPLIT_BLOCK=split_block, BLOCK_N=block,
-            EVEN_N=y_rows.n_cols % block == 0, num_warps=config["num_warps"],
-        )  # fmt: skip
+    launch_split_rows(
+        kernel, y_rows, (g_rows.tensor, y_rows.tensor, dx), (g_rows.stride, y_rows.stride, y_rows.n_cols), (), 1,
+        config=config, EVEN_N=y_rows.n_cols % config["BLOCK_N"] == 0,
+    )  # fmt: skip
     return dx if last else dx.movedim(-1, dim).contiguous()
 
 

@@ -26,6 +26,15 @@ import triton.language as tl
 
 
 @triton.jit
+def split_row_block(n_split, n_cols, BLOCK_N: tl.constexpr):
+    """This program's row, the index of its block in the row, the block's columns and which of them are in it."""
+    pid = tl.program_id(0)
+    part = pid % n_split
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pid // n_split, part, cols, cols < n_cols
+
+
+@triton.jit
 def wait_for_row(arrived_ptr, row, n_split):
     """Count this program's partials as stored for ``row`` and wait until the row's ``n_split`` programs have."""
     tl.debug_barrier()  # every thread's partials are stored before the count says so

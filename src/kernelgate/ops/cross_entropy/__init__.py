@@ -264,23 +264,17 @@ def _forward_with_grad_split(
     wait for each other (_cross_entropy_fwd_grad_split_kernel), so a row of any length is read once."""
     check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
     rows = as_rows(logits, "logits")
-    block = config["BLOCK_N"]
-    n_split = rowwise.split_rows_count(logits.device, rows.n_cols, block)  # checked before anything launches
+    rowwise.split_rows_count(logits.device, rows.n_cols, config["BLOCK_N"])  # checked before anything allocates
     t, stride_t, w, loss, target_weight, share, dx = _with_grad_buffers(
         rows, logits, target, weight, ignore_index, reduction
     )
     mean = reduction == "mean"
-    partials, arrived, split_block = rowwise.split_rows_buffers(logits.device, rows.n_rows, n_split, 4)
-    args = (
-        rows.tensor, t, w, share, loss, target_weight, dx, partials, arrived, rows.stride, stride_t, rows.n_cols,
-        n_split, ignore_index, float(label_smoothing),
+    pointers = (rows.tensor, t, w, share, loss, target_weight, dx)
+    rowwise.launch_split_rows(
+        CROSS_ENTROPY_FWD_GRAD_SPLIT, rows, pointers, (rows.stride, stride_t), (ignore_index, float(label_smoothing)),
+        4, config=config, HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, MEAN=mean,
+        WRITE_TARGET_WEIGHT=mean,
     )  # fmt: skip
-    meta = {
-        "HAS_WEIGHT": weight is not None, "HAS_SMOOTHING": label_smoothing > 0, "MEAN": mean,
-        "WRITE_TARGET_WEIGHT": mean, "SPLIT_BLOCK": split_block, "BLOCK_N": block, "num_warps": config["num_warps"],
-    }  # fmt: skip
-    for phase in rowwise.split_rows_phases():
-        launch(CROSS_ENTROPY_FWD_GRAD_SPLIT, (rows.n_rows * n_split,), *args, PHASE=phase, **meta)
     return _reduce(loss, target_weight, logits, reduction), dx
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import load_row_partials, wait_for_row
+from kernelgate.ops.split_rows import load_row_partials, split_row_block, wait_for_row
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2)
@@ -477,14 +477,10 @@ def _cross_entropy_fwd_grad_split_kernel(
     into ``m`` and ``log(s)``, the row's first writes the loss, and each writes its block's gradient.
     Other pointers as in :func:`_cross_entropy_fwd_grad_kernel`.
     """
-    pid = tl.program_id(0)
-    row = pid // n_split
-    part = pid % n_split
+    row, part, cols, in_row = split_row_block(n_split, n_cols, BLOCK_N)
     ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
     x_row = x_ptr + row * stride_xm
     x_t, pivot = _target_logit(x_row, t_safe, valid)
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_row = cols < n_cols
     x = tl.load(x_row + cols, mask=cols < tl.where(valid | ignored, n_cols, 0), other=float("-inf")).to(tl.float32)
     partial_row = partial_ptr + row * (4 * SPLIT_BLOCK)
     if PHASE != 2:

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from kernelgate.ops.softmax.kernels import online_max_and_sum
-from kernelgate.ops.split_rows import split_row_max_and_sum, split_row_sum
+from kernelgate.ops.split_rows import split_row_block, split_row_max_and_sum, split_row_sum
 from kernelgate.ops.tiles import load_tile, store_tile
 
 
@@ -111,11 +111,7 @@ def _log_softmax_fwd_split_kernel(
     arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks). A row of only -inf
     gives NaN, as in torch.
     """
-    pid = tl.program_id(0)
-    row = pid // n_split
-    part = pid % n_split
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
+    row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
     x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
     m, s = split_row_max_and_sum(x, partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row, part, n_split, PHASE,
                                  SPLIT_BLOCK)  # fmt: skip
@@ -178,11 +174,7 @@ def _log_softmax_bwd_split_kernel(
     dy_ptr, y_ptr, dx_ptr: (n_rows, n_cols). Grid: (n_rows * n_split,). partial_ptr: (n_rows, SPLIT_BLOCK)
     float32; arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
     """
-    pid = tl.program_id(0)
-    row = pid // n_split
-    part = pid % n_split
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
+    row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
     dy = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
     # y is read before the wait too, so that its load overlaps it.
     y = load_tile(y_ptr + row * stride_ym + cols, mask, 0.0, EVEN_N, "").to(tl.float32)

@@ -1,5 +1,6 @@
-"""split_rows of softmax and log_softmax, forward and backward: each row split over programs that hold a block of it
-each and wait for the row's others (kernelgate.ops.split_rows), against the reference."""
+"""split_rows of softmax and log_softmax, forward and backward, and of rms_norm's forward: each row split over
+programs that hold a block of it each and wait for the row's others (kernelgate.ops.split_rows), against the
+reference."""
 
 from __future__ import annotations
 
@@ -79,13 +80,39 @@ def test_split_rows_backward_matches_the_reference(
     assert_close(dx, op.reference(grad, y, -1), reduction_length=y.shape[-1])
 
 
-@pytest.mark.parametrize("op", FORWARDS + BACKWARDS, ids=lambda op: op.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_weight", [True, False])
+@pytest.mark.parametrize("block", [2048, 8192])
+def test_split_rows_rms_norm_matches_the_reference(
+    target: torch.device, block: int, with_weight: bool, dtype: torch.dtype
+) -> None:
+    """rms_norm of rows of 20000 over 10 and 3 programs, with and without a weight, a row of zeros among them
+    (rsqrt(eps) times 0), in float32 and bfloat16, gives the reference's result."""
+    gen = torch.Generator().manual_seed(2)
+    x = (3 * torch.randn((3, 20000), generator=gen)).to(device=target, dtype=dtype)
+    x[1] = 0
+    weight = torch.randn(20000, generator=gen).to(device=target, dtype=dtype) if with_weight else None
+    impl = _split_rows(kernelgate.rms_norm)
+    assert impl.supports is not None and impl.supports(x, weight, 1e-6) is None
+    y = run_candidate(impl, {"BLOCK_N": block, "num_warps": 4}, (x, weight, 1e-6), target.type == "cpu", poison=True)
+    assert (y.dtype, y.shape, y.is_contiguous()) == (dtype, x.shape, True)
+    assert bool((y[1] == 0).all())
+    assert_close(y, kernelgate.rms_norm.reference(x, weight, 1e-6), reduction_length=x.shape[-1])
+
+
+def _long_row_args(op: Op, n: int) -> tuple[object, ...]:
+    if op is kernelgate.rms_norm:
+        return torch.zeros(2, n), torch.zeros(n), 1e-6
+    return (torch.zeros(2, n), -1) if op in FORWARDS else (torch.zeros(2, n), torch.zeros(2, n), -1)
+
+
+@pytest.mark.parametrize("op", [*FORWARDS, *BACKWARDS, kernelgate.rms_norm], ids=lambda op: op.name)
 def test_split_rows_takes_only_rows_longer_than_one_block(op: Op) -> None:
     """split_rows declines rows that fit one block, naming why, and keeps only blocks shorter than the row that
     give each thread 4 to 32 elements."""
     impl = _split_rows(op)
     assert impl.supports is not None and impl.prune is not None
-    args = lambda n: (torch.zeros(2, n), -1) if op in FORWARDS else (torch.zeros(2, n), torch.zeros(2, n), -1)
+    args = lambda n: _long_row_args(op, n)
     assert "fit one block" in str(impl.supports(*args(16384)))
     kept = [dict(c) for c in impl.configs or () if impl.prune(c, *args(20000))]
     assert {"BLOCK_N": 16384, "num_warps": 32} in kept and {"BLOCK_N": 16384, "num_warps": 8} not in kept

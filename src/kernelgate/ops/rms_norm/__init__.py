@@ -19,6 +19,7 @@ RMS_NORM_FWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_kern
 RMS_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_looped_kernel")
 RMS_NORM_FWD_PERSISTENT = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_persistent_kernel")
 RMS_NORM_FWD_PERSISTENT_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_persistent_looped_kernel")
+RMS_NORM_FWD_SPLIT = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_fwd_split_kernel")
 RMS_NORM_BWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_kernel")
 RMS_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_looped_kernel")
 RMS_NORM_BWD_STATS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_stats_kernel")
@@ -82,6 +83,17 @@ def _launch_persistent_looped(
         RMS_NORM_FWD_PERSISTENT_LOOPED, (programs,), rows.tensor, w, y, rows.stride, rows.n_cols, rows.n_rows,
         rows.n_cols, eps, HAS_WEIGHT=weight is not None, BLOCK_N=block, num_warps=config["num_warps"],
         EVEN_N=rows.n_cols % block == 0,
+    )  # fmt: skip
+    return y
+
+
+def _launch_split_rows(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> torch.Tensor:
+    rows, w, y = _forward_operands(x, weight)
+    rowwise.launch_split_rows(
+        RMS_NORM_FWD_SPLIT, rows, (rows.tensor, w, y), (rows.stride, rows.n_cols), (eps,), 1, config=config,
+        HAS_WEIGHT=weight is not None, EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
     )  # fmt: skip
     return y
 
@@ -282,6 +294,7 @@ rms_norm = Op(
         ),
         rowwise.persistent_impl(_launch_persistent, RMS_NORM_FWD_PERSISTENT, _row_length, lambda x, *_: x),
         rowwise.persistent_looped_impl(_launch_persistent_looped, RMS_NORM_FWD_PERSISTENT_LOOPED, _row_length),
+        rowwise.split_rows_impl(_launch_split_rows, (RMS_NORM_FWD_SPLIT,), _row_length),
     ),
     bucket=_bucket,
     reduction_length=_row_length,

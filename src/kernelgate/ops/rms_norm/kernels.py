@@ -9,6 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelgate.ops.split_rows import split_row_block, split_row_sum
 from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
 
 
@@ -123,6 +124,29 @@ def _rms_norm_fwd_persistent_looped_kernel(
         _rms_norm_looped_row(
             x_ptr + row * stride_xm, w_ptr, y_ptr + row * stride_ym, n_cols, eps, HAS_WEIGHT, BLOCK_N, EVEN_N
         )
+
+
+@triton.jit
+def _rms_norm_fwd_split_kernel(
+    x_ptr, w_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, eps,
+    HAS_WEIGHT: tl.constexpr, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """rms_norm of rows split over ``n_split`` programs of BLOCK_N columns each, held in registers
+    (:mod:`kernelgate.ops.split_rows`): each row is read once and written once, however long it is.
+
+    x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT. Grid: (n_rows * n_split,).
+    partial_ptr: (n_rows, SPLIT_BLOCK) float32; arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple
+    of BLOCK_N (no masks). Arithmetic in float32.
+    """
+    row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
+    x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    total = split_row_sum(x * x, partial_ptr + row * SPLIT_BLOCK, arrived_ptr, row, part, n_split, PHASE, SPLIT_BLOCK)
+    if PHASE != 1:
+        y = x * tl.rsqrt(total / n_cols + eps)
+        if HAS_WEIGHT:
+            y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
 @triton.jit

@@ -1,6 +1,6 @@
-"""split_rows of softmax and log_softmax, forward and backward, and of rms_norm's forward: each row split over
-programs that hold a block of it each and wait for the row's others (kernelgate.ops.split_rows), against the
-reference."""
+"""split_rows of softmax and log_softmax, forward and backward, and of rms_norm's and layer_norm's forwards: each
+row split over programs that hold a block of it each and wait for the row's others (kernelgate.ops.split_rows),
+against the reference."""
 
 from __future__ import annotations
 
@@ -100,13 +100,41 @@ def test_split_rows_rms_norm_matches_the_reference(
     assert_close(y, kernelgate.rms_norm.reference(x, weight, 1e-6), reduction_length=x.shape[-1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("block", [2048, 8192])
+def test_split_rows_layer_norm_matches_the_reference(
+    target: torch.device, block: int, affine: bool, dtype: torch.dtype
+) -> None:
+    """layer_norm of rows of 20000 over 10 and 3 programs (the last one partial, its mean weighted by its count),
+    with and without weight and bias, a row far from zero (mean 1000: the blocks' means merge without cancelling)
+    and a constant row among them, in float32 and bfloat16, gives the reference's result."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn((3, 20000), generator=gen)
+    x[1] += 1000
+    x[2] = 5
+    x = x.to(device=target, dtype=dtype)
+    weight = torch.randn(20000, generator=gen).to(device=target, dtype=dtype) if affine else None
+    bias = torch.randn(20000, generator=gen).to(device=target, dtype=dtype) if affine else None
+    args = (x, (20000,), weight, bias, 1e-5)
+    impl = _split_rows(kernelgate.layer_norm)
+    assert impl.supports is not None and impl.supports(*args) is None
+    y = run_candidate(impl, {"BLOCK_N": block, "num_warps": 4}, args, target.type == "cpu", poison=True)
+    assert (y.dtype, y.shape, y.is_contiguous()) == (dtype, x.shape, True)
+    assert_close(y, kernelgate.layer_norm.reference(*args), reduction_length=x.shape[-1])
+
+
 def _long_row_args(op: Op, n: int) -> tuple[object, ...]:
     if op is kernelgate.rms_norm:
         return torch.zeros(2, n), torch.zeros(n), 1e-6
+    if op is kernelgate.layer_norm:
+        return torch.zeros(2, n), (n,), None, None, 1e-5
     return (torch.zeros(2, n), -1) if op in FORWARDS else (torch.zeros(2, n), torch.zeros(2, n), -1)
 
 
-@pytest.mark.parametrize("op", [*FORWARDS, *BACKWARDS, kernelgate.rms_norm], ids=lambda op: op.name)
+@pytest.mark.parametrize(
+    "op", [*FORWARDS, *BACKWARDS, kernelgate.rms_norm, kernelgate.layer_norm], ids=lambda op: op.name
+)
 def test_split_rows_takes_only_rows_longer_than_one_block(op: Op) -> None:
     """split_rows declines rows that fit one block, naming why, and keeps only blocks shorter than the row that
     give each thread 4 to 32 elements."""

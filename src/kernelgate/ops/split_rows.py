@@ -95,3 +95,24 @@ def split_row_sum(
     if PHASE != 1:
         total = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
     return total
+
+
+@triton.jit
+def split_row_pair(
+    a, b, partial_row, arrived_ptr, row, part, n_split, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr
+):  # fmt: skip
+    """Two partial values of each of a row's programs: this program's ``a`` and ``b`` (float32 scalars) stored, and
+    once the row's programs have all stored theirs, every program's, as two vectors of SPLIT_BLOCK (0 past
+    ``n_split``). partial_row: the row's ``2 * SPLIT_BLOCK`` partial slots. Under PHASE 1 it only stores (and
+    returns zeros)."""
+    if PHASE != 2:
+        tl.store(partial_row + part, a)
+        tl.store(partial_row + SPLIT_BLOCK + part, b)
+    if PHASE == 0:
+        wait_for_row(arrived_ptr, row, n_split)
+    a_parts = tl.zeros([SPLIT_BLOCK], tl.float32)
+    b_parts = tl.zeros([SPLIT_BLOCK], tl.float32)
+    if PHASE != 1:
+        a_parts = load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK)
+        b_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+    return a_parts, b_parts

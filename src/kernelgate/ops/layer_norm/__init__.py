@@ -25,6 +25,7 @@ __all__ = ["layer_norm", "layer_norm_backward"]
 # The kernels are imported on first launch: `import kernelgate` works without Triton.
 LAYER_NORM_FWD = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fwd_kernel")
 LAYER_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fwd_looped_kernel")
+LAYER_NORM_FWD_SPLIT = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fwd_split_kernel")
 LAYER_NORM_BWD = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_kernel")
 LAYER_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_looped_kernel")
 LAYER_NORM_BWD_STATS = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_stats_kernel")
@@ -88,26 +89,27 @@ def _run_forward(
     **meta: Any,
 ) -> torch.Tensor:
     """Launch a forward ``kernel`` over the rows of ``x``; ``meta``: further compile-time arguments of the kernel."""
-    check_affine("layer_norm", normalized_shape, weight, bias)
-    rows = _rows(x, len(normalized_shape), "x")
-    w, b = _flat(weight), _flat(bias)
-    y = empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: rows n_cols apart
-    any_pointer = rows.tensor  # the kernel reads no weight (bias) without HAS_WEIGHT (HAS_BIAS)
-    operands = (
-        rows.tensor,
-        any_pointer if w is None else w,
-        any_pointer if b is None else b,
-        y,
-        rows.stride,
-        rows.n_cols,
-    )
+    rows, pointers, y = _forward_operands(x, normalized_shape, weight, bias)
     rowwise.launch_rows(
-        kernel, rows.n_rows, operands, (rows.n_cols, float(eps)), config=config, block=block,
-        HAS_WEIGHT=w is not None, HAS_BIAS=b is not None,
+        kernel, rows.n_rows, (*pointers, rows.stride, rows.n_cols), (rows.n_cols, float(eps)), config=config,
+        block=block, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
         EVEN_N=rows.n_cols % block == 0 and config.get("ROWS", 1) == 1,  # a partial last tile of rows needs masks
         **meta,
     )  # fmt: skip
     return y
+
+
+def _forward_operands(
+    x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None, bias: torch.Tensor | None
+) -> tuple[Rows, tuple[torch.Tensor, ...], torch.Tensor]:
+    """A forward's rows of x, its pointers (x, the weight, the bias, y; x's rows stand in for an absent weight or
+    bias, which the kernels read only with HAS_WEIGHT or HAS_BIAS) and its output y, contiguous: rows n_cols
+    apart."""
+    check_affine("layer_norm", normalized_shape, weight, bias)
+    rows = _rows(x, len(normalized_shape), "x")
+    w, b = _flat(weight), _flat(bias)
+    y = empty(x.shape, dtype=x.dtype, device=x.device)
+    return rows, (rows.tensor, rows.tensor if w is None else w, rows.tensor if b is None else b, y), y
 
 
 def _launch_single_block(
@@ -134,6 +136,23 @@ def _launch_looped(
 ) -> torch.Tensor:
     block, prefetch = config["BLOCK_N"], bool(config.get("PREFETCH", 0))
     return _run_forward(x, normalized_shape, weight, bias, eps, LAYER_NORM_FWD_LOOPED, block, config, PREFETCH=prefetch)
+
+
+def _launch_split_rows(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    config: Config,
+) -> torch.Tensor:
+    rows, pointers, y = _forward_operands(x, normalized_shape, weight, bias)
+    rowwise.launch_split_rows(
+        LAYER_NORM_FWD_SPLIT, rows, pointers, (rows.stride, rows.n_cols), (float(eps),), 2, config=config,
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
+    )  # fmt: skip
+    return y
 
 
 def _backward_operands(
@@ -417,6 +436,7 @@ layer_norm = Op(
             FWD_LOOPED_DEFAULT,
             FWD_LOOPED_PER_THREAD,
         ),
+        rowwise.split_rows_impl(_launch_split_rows, (LAYER_NORM_FWD_SPLIT,), _fwd_n_cols),
     ),
     bucket=lambda x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),
     reduction_length=lambda x, normalized_shape, weight, bias, eps: _n_cols(normalized_shape),

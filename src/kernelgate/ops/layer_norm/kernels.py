@@ -17,6 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelgate.ops.split_rows import split_row_block, split_row_pair
 from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
 
 
@@ -91,6 +92,45 @@ def _block_stats(x, mask, k, n_block):
     d = tl.where(mask, x - k, 0.0)
     mean = tl.sum(d, axis=0) / n_block
     return mean, tl.sum(tl.where(mask, (d - mean) * (d - mean), 0.0), axis=0)
+
+
+@triton.jit
+def _layer_norm_fwd_split_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """layer_norm of rows split over ``n_split`` programs of BLOCK_N columns each, held in registers
+    (:mod:`kernelgate.ops.split_rows`): each row is read once and written once, however long it is.
+
+    The statistics are of ``d = x - k``, ``k`` the row's first element (read by every program: values near zero,
+    whose means keep their low bits, as in the looped kernel): each program takes its block's mean of d and sum of
+    squared deviations from it (:func:`_block_stats`), and the row's merge the row's blocks (Chan's update, over
+    all of them at once).
+    x_ptr, y_ptr: (n_rows, n_cols); w_ptr, b_ptr: (n_cols,), read only if HAS_WEIGHT / HAS_BIAS. Grid:
+    (n_rows * n_split,). partial_ptr: (n_rows, 2 * SPLIT_BLOCK) float32; arrived_ptr: (n_rows,) int32, zeros.
+    EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
+    """
+    row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
+    x_row = x_ptr + row * stride_xm
+    x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    k = tl.load(x_row).to(tl.float32)
+    count = tl.minimum(n_cols - part * BLOCK_N, BLOCK_N).to(tl.float32)
+    mean_part, m2_part = _block_stats(x, mask, k, count)
+    means, m2s = split_row_pair(mean_part, m2_part, partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row, part,
+                                n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
+    if PHASE != 1:
+        parts = tl.arange(0, SPLIT_BLOCK)
+        counts = tl.minimum(tl.maximum(n_cols - parts * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+        mean = tl.sum(counts * means, axis=0) / n_cols
+        spread = means - mean
+        var = (tl.sum(m2s, axis=0) + tl.sum(counts * spread * spread, axis=0)) / n_cols
+        y = ((x - k) - mean) * tl.rsqrt(var + eps)
+        if HAS_WEIGHT:
+            y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        if HAS_BIAS:
+            y = y + load_tile(b_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
 @triton.jit

@@ -466,7 +466,10 @@ def launch_rows(
 # length is read once where a looped kernel reads it twice; worth it only for rows longer than one block.
 
 SPLIT_ROWS_CONFIGS = ConfigSpace(BLOCK_N=(2048, 4096, 8192, 16384), num_warps=(4, 8, 16, 32))
-SPLIT_ROWS_DEFAULT: Config = {"BLOCK_N": 8192, "num_warps": 16}
+# Without tuning: in the default suite on the H200, split_rows was the fastest Triton implementation in 16 buckets,
+# 13 of them at BLOCK_N 8192 and 8 warps, 3 at 4096 and 4 (benchmarks/results/h200/default-72566ba/decisions.json.gz);
+# rms_norm's forward chose 8192 and 8 too (rms-norm-split-rows-6fc0de7-a60c3ab/).
+SPLIT_ROWS_DEFAULT: Config = {"BLOCK_N": 8192, "num_warps": 8}
 SPLIT_ROWS_PER_THREAD = (4, 32)
 
 

@@ -1,0 +1,41 @@
+"""benchmarks/split_rows_variants.py: softmax's and rms_norm's long-row forwards against variants of their kernels."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def variants_script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    pytest.importorskip("triton")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports provenance.py beside it
+    import split_rows_variants
+
+    return split_rows_variants
+
+
+def test_every_variant_matches_the_reference_interpreted(variants_script: ModuleType, tmp_path: Path) -> None:
+    """Interpreted (where a kernel's programs do not wait for each other: the partials, then the rest), each
+    variant of each op at every configuration that suits a row of 20000 matches the reference; the result has
+    provenance and no timing. Every variant suits a row of 20000 (one block holds up to 32768)."""
+    out = tmp_path / "variants.json"
+    args = ["--interpret", "--rows", "2", "--lengths", "20000", "--dtype", "float32", "--out", str(out)]
+    assert variants_script.main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["copy_gbps"] is None and "kernelgate_commit" in result
+    assert [(c["op"], c["shape"]) for c in result["cases"]] == [("softmax", [2, 20000]), ("rms_norm", [2, 20000])]
+    softmax, rms_norm = ({r["variant"] for r in c["results"]} for c in result["cases"])
+    assert softmax == {
+        "split_rows", "split_one_exp", "split_one_exp_last", "split_one_exp_volatile", "single_block",
+        "single_block_reciprocal", "persistent", "persistent_reciprocal",
+    }  # fmt: skip
+    assert rms_norm == {"split_rows", "split_last", "split_volatile"}
+    for case in result["cases"]:
+        for r in case["results"]:
+            assert r["matches_reference"] is True and "time_us" not in r, r

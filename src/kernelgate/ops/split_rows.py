@@ -36,11 +36,18 @@ def split_row_block(n_split, n_cols, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def wait_for_row(arrived_ptr, row, n_split):
-    """Count this program's partials as stored for ``row`` and wait until the row's ``n_split`` programs have."""
+    """Count this program's partials as stored for ``row`` and wait until the row's ``n_split`` programs have.
+
+    The count's add returns the count before it, so the program that completes it goes on without polling: a row's
+    programs all wait for its last, and that one's poll was a round trip to L2 on every row's path. On the H200,
+    rms_norm float32 256x131072 went from 83.2 to 78.4 us, softmax's split forward (one exponential an element)
+    from 80.4 to 77.4 (benchmarks/results/h200/split-rows-variants-3296d94). Polling with a volatile load and one
+    acquire at its end gave wrong results there: the program's other threads read the partials unordered after it.
+    """
     tl.debug_barrier()  # every thread's partials are stored before the count says so
-    tl.atomic_add(arrived_ptr + row, 1, sem="release")
-    while tl.atomic_add(arrived_ptr + row, 0, sem="acquire") < n_split:
-        pass
+    seen = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel") + 1
+    while seen < n_split:
+        seen = tl.atomic_add(arrived_ptr + row, 0, sem="acquire")
 
 
 @triton.jit
@@ -52,21 +59,24 @@ def load_row_partials(partial_row, slot, n_split, other, SPLIT_BLOCK: tl.constex
 
 
 @triton.jit
-def split_row_max_and_sum(
+def split_row_exp_and_sum(
     x, partial_row, arrived_ptr, row, part, n_split, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr
 ):  # fmt: skip
-    """The max ``m`` of a row split over programs and the sum of ``exp(x - m)`` over it, from this program's block
-    ``x`` (float32, -inf where masked). partial_row: the row's ``2 * SPLIT_BLOCK`` partial slots. Under PHASE 1 it
-    only stores the block's partials and returns zeros.
+    """For this program's block ``x`` (float32, -inf where masked) of a row split over programs: ``e``, the block's
+    ``exp(x - m_block)`` (0 where x is -inf), ``m_block``, the block's max, and the row's max ``m`` and sum ``s`` of
+    ``exp(x - m)``. partial_row: the row's ``2 * SPLIT_BLOCK`` partial slots. Under PHASE 1 it only stores the
+    block's partials (``m`` and ``s`` are zeros); under PHASE 2 ``m_block`` is read back from them.
 
-    A block of nothing but -inf has a sum of 0 (its terms, and its rescale, would be NaN); a NaN in a block makes
-    its sum, and so the row's, NaN, as in torch.
+    Softmax's block is then ``e * (exp(m_block - m) / s)``: one exponential an element, where ``exp(x - m) / s``
+    after the wait took a second and a division (float32 256x131072 on the H200: 85.2 -> 80.4 us,
+    benchmarks/results/h200/split-rows-variants-3296d94). A block of nothing but -inf has a sum of 0 (its terms, and
+    its rescale, would be NaN); a NaN in a block makes its sum, and so the row's, NaN, as in torch.
     """
+    m_block = tl.max(x, axis=0) if PHASE != 2 else tl.load(partial_row + part)
+    e = tl.where(x == -float("inf"), 0.0, tl.exp(x - m_block))
     if PHASE != 2:
-        m_part = tl.max(x, axis=0)
-        s_part = tl.sum(tl.where(x == -float("inf"), 0.0, tl.exp(x - m_part)), axis=0)
-        tl.store(partial_row + part, m_part)
-        tl.store(partial_row + SPLIT_BLOCK + part, s_part)
+        tl.store(partial_row + part, m_block)
+        tl.store(partial_row + SPLIT_BLOCK + part, tl.sum(e, axis=0))
     if PHASE == 0:
         wait_for_row(arrived_ptr, row, n_split)
     m = tl.zeros([], tl.float32)
@@ -77,7 +87,7 @@ def split_row_max_and_sum(
         m = tl.max(m_parts, axis=0)
         scale = tl.where(m_parts == -float("inf"), 0.0, tl.exp(m_parts - tl.where(m == -float("inf"), 0.0, m)))
         s = tl.sum(s_parts * scale, axis=0)
-    return m, s
+    return e, m_block, m, s
 
 
 @triton.jit

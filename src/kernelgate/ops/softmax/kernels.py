@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import split_row_block, split_row_max_and_sum, split_row_sum
+from kernelgate.ops.split_rows import split_row_block, split_row_exp_and_sum, split_row_sum
 from kernelgate.ops.tiles import load_tile, store_tile
 
 
@@ -148,10 +148,10 @@ def _softmax_fwd_split_kernel(
     """
     row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
     x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
-    m, s = split_row_max_and_sum(x, partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row, part, n_split, PHASE,
-                                 SPLIT_BLOCK)  # fmt: skip
+    e, m_block, m, s = split_row_exp_and_sum(x, partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row, part,
+                                             n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
     if PHASE != 1:
-        y = tl.exp(x - m) / s
+        y = e * (tl.exp(m_block - m) / s)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 

@@ -48,7 +48,9 @@ PERSISTENT_LOOPED = {"softmax", "log_softmax", "rms_norm"}
 # Backwards with a split implementation too (rows of SPLIT_MIN_COLS or longer).
 SPLIT = {"rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward"}
 # Ops with a split_rows implementation too (rows longer than one block split over programs).
-SPLIT_ROWS = {"softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "rms_norm", "layer_norm"}
+SPLIT_ROWS = {
+    "softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "rms_norm", "add_rms_norm", "layer_norm"
+}  # fmt: skip
 
 
 def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:

@@ -1,4 +1,5 @@
-"""split_rows of softmax and log_softmax, forward and backward, and of rms_norm's and layer_norm's forwards: each
+"""split_rows of softmax and log_softmax, forward and backward, and of rms_norm's, add_rms_norm's and layer_norm's
+forwards: each
 row split over programs that hold a block of it each and wait for the row's others (kernelgate.ops.split_rows),
 against the reference."""
 
@@ -101,6 +102,38 @@ def test_split_rows_rms_norm_matches_the_reference(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_weight", [True, False])
+@pytest.mark.parametrize("block", [2048, 8192])
+def test_split_rows_add_rms_norm_matches_the_reference(
+    target: torch.device, block: int, with_weight: bool, dtype: torch.dtype
+) -> None:
+    """add_rms_norm of rows of 20000 over 10 and 3 programs, with and without a weight, a row whose sum is zero
+    among them, in float32 and bfloat16, gives the reference's y and s; y is the rms_norm of s as stored (rounded
+    to its dtype). A residual of another dtype gives s and y torch's promoted dtype."""
+    gen = torch.Generator().manual_seed(4)
+    x = (3 * torch.randn((3, 20000), generator=gen)).to(device=target, dtype=dtype)
+    residual = torch.randn((3, 20000), generator=gen).to(device=target, dtype=dtype)
+    residual[1] = -x[1]
+    weight = torch.randn(20000, generator=gen).to(device=target, dtype=dtype) if with_weight else None
+    impl = _split_rows(kernelgate.add_rms_norm)
+    args = (x, residual, weight, 1e-6)
+    assert impl.supports is not None and impl.supports(*args) is None
+    y, s = run_candidate(impl, {"BLOCK_N": block, "num_warps": 4}, args, target.type == "cpu", poison=True)
+    y_ref, s_ref = kernelgate.add_rms_norm.reference(*args)
+    assert all((t.dtype, t.shape, t.is_contiguous()) == (dtype, x.shape, True) for t in (y, s))
+    assert bool((s[1] == 0).all()) and bool((y[1] == 0).all())
+    assert_close(s, s_ref, reduction_length=1)
+    assert_close(y, y_ref, reduction_length=x.shape[-1])
+    if dtype is torch.bfloat16:
+        mixed = (x, residual.float(), None if weight is None else weight.float(), 1e-6)
+        y, s = run_candidate(impl, {"BLOCK_N": block, "num_warps": 4}, mixed, target.type == "cpu", poison=True)
+        y_ref, s_ref = kernelgate.add_rms_norm.reference(*mixed)
+        assert (y.dtype, s.dtype) == (torch.float32, torch.float32)
+        assert_close(s, s_ref, reduction_length=1)
+        assert_close(y, y_ref, reduction_length=x.shape[-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("block", [2048, 8192])
 def test_split_rows_layer_norm_matches_the_reference(
@@ -127,13 +160,17 @@ def test_split_rows_layer_norm_matches_the_reference(
 def _long_row_args(op: Op, n: int) -> tuple[object, ...]:
     if op is kernelgate.rms_norm:
         return torch.zeros(2, n), torch.zeros(n), 1e-6
+    if op is kernelgate.add_rms_norm:
+        return torch.zeros(2, n), torch.zeros(2, n), torch.zeros(n), 1e-6
     if op is kernelgate.layer_norm:
         return torch.zeros(2, n), (n,), None, None, 1e-5
     return (torch.zeros(2, n), -1) if op in FORWARDS else (torch.zeros(2, n), torch.zeros(2, n), -1)
 
 
 @pytest.mark.parametrize(
-    "op", [*FORWARDS, *BACKWARDS, kernelgate.rms_norm, kernelgate.layer_norm], ids=lambda op: op.name
+    "op",
+    [*FORWARDS, *BACKWARDS, kernelgate.rms_norm, kernelgate.add_rms_norm, kernelgate.layer_norm],
+    ids=lambda op: op.name,
 )
 def test_split_rows_takes_only_rows_longer_than_one_block(op: Op) -> None:
     """split_rows declines rows that fit one block, naming why, and keeps only blocks shorter than the row that

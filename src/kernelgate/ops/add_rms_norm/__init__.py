@@ -31,6 +31,7 @@ __all__ = ["add_rms_norm", "add_rms_norm_backward"]
 _KERNELS = "kernelgate.ops.add_rms_norm.kernels"
 ADD_RMS_NORM_FWD = LazyKernel(_KERNELS, "_add_rms_norm_fwd_kernel")
 ADD_RMS_NORM_FWD_LOOPED = LazyKernel(_KERNELS, "_add_rms_norm_fwd_looped_kernel")
+ADD_RMS_NORM_FWD_SPLIT = LazyKernel(_KERNELS, "_add_rms_norm_fwd_split_kernel")
 # The backward is rms_norm's, with the gradient that reaches s directly added to dx.
 
 
@@ -75,6 +76,23 @@ def _launch_looped(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _run_rows(x, residual, weight, eps, ADD_RMS_NORM_FWD_LOOPED, config["BLOCK_N"], config)
+
+
+def _launch_split_rows(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x_rows, r_rows = as_rows(x, "x"), as_rows(residual, "residual")
+    w = _contiguous_weight(weight)
+    dtype = torch.result_type(x, residual)  # as _run_rows
+    y = empty(x.shape, dtype=dtype, device=x.device)
+    s = empty(x.shape, dtype=dtype, device=x.device)
+    n_cols = x_rows.n_cols
+    rowwise.launch_split_rows(
+        ADD_RMS_NORM_FWD_SPLIT, x_rows, (x_rows.tensor, r_rows.tensor, x_rows.tensor if w is None else w, y, s),
+        (x_rows.stride, r_rows.stride, n_cols, n_cols), (eps,), 1, config=config, HAS_WEIGHT=w is not None,
+        EVEN_N=n_cols % config["BLOCK_N"] == 0,
+    )  # fmt: skip
+    return y, s
 
 
 def _bucket(x: torch.Tensor, weight: torch.Tensor | None) -> tuple[int, int, bool, bool]:
@@ -209,6 +227,7 @@ add_rms_norm = Op(
         rowwise.looped_impl(
             _launch_looped, ADD_RMS_NORM_FWD_LOOPED, lambda x, *_: x.shape[-1], configs=rowwise.LOOPED_CONFIGS_32_WARPS
         ),
+        rowwise.split_rows_impl(_launch_split_rows, (ADD_RMS_NORM_FWD_SPLIT,), lambda x, *_: x.shape[-1]),
     ),
     bucket=lambda x, residual, weight, eps: _bucket(x, weight),
     reduction_length=lambda x, residual, weight, eps: int(x.shape[-1]),

@@ -1,7 +1,7 @@
 """Triton kernels of add_rms_norm. Rows are contiguous, ``stride_*m`` apart.
 
-The single-block forward kernel runs ``ROWS`` rows per program, the looped one a row per program;
-the backward kernels one program per group of rows. The sum
+The single-block forward kernel runs ``ROWS`` rows per program, the looped one a row per program, the
+split_rows one a block of a row per program; the backward kernels are rms_norm's. The sum
 ``s`` is rounded to its dtype before it is normalised, so ``y`` is the rms_norm of the stored ``s``.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelgate.ops.split_rows import split_row_block, split_row_sum
 from kernelgate.ops.tiles import load_tile, store_tile
 
 
@@ -105,3 +106,33 @@ def _add_rms_norm_fwd_looped_kernel(
         if HAS_WEIGHT:
             y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
         store_tile(y_row + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")
+
+
+@triton.jit
+def _add_rms_norm_fwd_split_kernel(
+    x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, partial_ptr, arrived_ptr, stride_xm, stride_rm, stride_ym, stride_sm, n_cols,
+    n_split, eps, HAS_WEIGHT: tl.constexpr, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """add_rms_norm of rows split over ``n_split`` programs of BLOCK_N columns each, held in registers
+    (:mod:`kernelgate.ops.split_rows`): x and r are read once and y and s written once, however long the row, where
+    the looped kernel reads s back.
+
+    x_ptr, r_ptr, y_ptr, s_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT. Grid:
+    (n_rows * n_split,). partial_ptr: (n_rows, SPLIT_BLOCK) float32; arrived_ptr: (n_rows,) int32, zeros. s is
+    stored before the wait for the row's other programs, so that its stores overlap the wait. EVEN_N: n_cols is a
+    multiple of BLOCK_N (no masks). Arithmetic in float32.
+    """
+    row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
+    x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    r = load_tile(r_ptr + row * stride_rm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    s = (x + r).to(s_ptr.dtype.element_ty)
+    if PHASE != 2:
+        store_tile(s_ptr + row * stride_sm + cols, s, mask, EVEN_N, "")
+    s = s.to(tl.float32)
+    total = split_row_sum(s * s, partial_ptr + row * SPLIT_BLOCK, arrived_ptr, row, part, n_split, PHASE, SPLIT_BLOCK)
+    if PHASE != 1:
+        y = s * tl.rsqrt(total / n_cols + eps)
+        if HAS_WEIGHT:
+            y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")

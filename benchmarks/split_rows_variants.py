@@ -35,33 +35,28 @@ Triton's interpreter and are only checked.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import functools
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
-from provenance import provenance, write_json  # benchmarks/provenance.py, beside this script
+from variant_timing import argument_parser, check_and_time, run_cases  # benchmarks/variant_timing.py, beside it
 
 import kernelgate
 from kernelgate import rowwise
-from kernelgate.compile_ahead import compile_ahead, default_workers
 from kernelgate.launch import LazyKernel
 from kernelgate.op import Op, TritonImpl
 from kernelgate.ops.split_rows import load_row_partials, split_row_block
 from kernelgate.ops.tiles import load_tile, store_tile
-from kernelgate.selection import compare, float64_truth, run_candidate
 
 rms_norm_module = importlib.import_module("kernelgate.ops.rms_norm")
 
-TARGET_BYTES = 128 * 2**20
 DEFAULT_LENGTHS = (32768, 65536, 131072)
 EPS = 1e-6
 # The ways a program waits for its row's others: the package's at 3296d94 (an acquire poll by atomic add), the last
@@ -229,15 +224,6 @@ def variants(op_name: str) -> list[TritonImpl]:
     ]
 
 
-def _copy_gbps(device: torch.device) -> float:
-    from triton.testing import do_bench
-
-    src = torch.empty(TARGET_BYTES // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=100, return_mode="median")
-    return 2 * TARGET_BYTES / (ms * 1e-3) / 1e9
-
-
 def measure_case(
     op_name: str, dtype: torch.dtype, rows: int, n: int, device: torch.device, interpret: bool
 ) -> list[dict[str, Any]]:
@@ -249,94 +235,17 @@ def measure_case(
     else:
         w = (torch.rand(n, generator=gen) + 0.5).to(device=device, dtype=dtype)
         op, values = kernelgate.rms_norm, (x, w, EPS)
-    expected = op.reference(*values)
-    truth = float64_truth(op, values)
-    impls = variants(op_name)
-    jobs = [
-        (impl, config)
-        for impl in impls
-        if impl.supports is None or impl.supports(*values) is None
-        for config in impl.candidate_configs(values)
-    ]
-    if not interpret:
-        launches = [functools.partial(run_candidate, impl, config, values, False, False) for impl, config in jobs]
-        compile_ahead(launches, default_workers())
     nbytes = 2 * rows * n * x.element_size()
-    results = []
-    for impl, config in jobs:
-        result: dict[str, Any] = {"variant": impl.name, "config": dict(config or {})}
-        try:
-            got = run_candidate(impl, config, values, interpret, True)
-        except Exception as err:  # a configuration that cannot run here (resources, shape) is reported, not fatal
-            result["error"] = f"{type(err).__name__}: {err}"[:300]
-            results.append(result)
-            continue
-        mismatch = compare(got, expected, n, truth=truth)
-        result["matches_reference"] = mismatch is None
-        if mismatch is not None:
-            result["mismatch"] = str(mismatch)
-        elif not interpret:
-            from triton.testing import do_bench
-
-            run: Callable[[], object] = functools.partial(run_candidate, impl, config, values, False, False)
-            us = do_bench(run, warmup=10, rep=50, return_mode="median") * 1e3
-            result.update(time_us=round(us, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
-        results.append(result)
-    return results
+    # A configuration that cannot run here (resources, shape) is reported, not fatal.
+    return check_and_time(op, variants(op_name), values, n, nbytes, interpret, record_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
+    parser = argument_parser(__doc__, DEFAULT_LENGTHS)
     parser.add_argument("--op", action="append", choices=["softmax", "rms_norm"])
-    parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--lengths", type=int, nargs="+", default=list(DEFAULT_LENGTHS))
-    parser.add_argument("--rows", type=int, help="rows of each input (default: about 128 MiB of x)")
-    parser.add_argument("--interpret", action="store_true", help="run the kernels on the CPU and only check them")
     args = parser.parse_args(argv)
-    if not args.interpret and not torch.cuda.is_available():
-        print("benchmarks/split_rows_variants.py times kernels on a GPU; none is visible (--interpret checks them).")
-        return 2
-    device = torch.device("cpu" if args.interpret else "cuda")
-    copy = None if args.interpret else _copy_gbps(device)
-    cases = []
-    with kernelgate.use_interpreter() if args.interpret else contextlib.nullcontext():
-        for op_name in args.op or ["softmax", "rms_norm"]:
-            for dtype_name in args.dtype or ["float32", "bfloat16"]:
-                dtype = getattr(torch, dtype_name)
-                for n in args.lengths:
-                    rows = args.rows or max(1, TARGET_BYTES // (n * dtype.itemsize))
-                    results = measure_case(op_name, dtype, rows, n, device, args.interpret)
-                    for r in results:
-                        if copy is not None and "gbps" in r:
-                            r["frac_of_copy"] = round(r["gbps"] / copy, 4)
-                    cases.append({"op": op_name, "dtype": dtype_name, "shape": [rows, n], "results": results})
-                    print(_summary_line(op_name, dtype_name, rows, n, results), flush=True)
-    write_json(args.out, {**provenance(device), "copy_gbps": copy, "cases": cases})
-    failed = [
-        (c["op"], c["dtype"], c["shape"], r["variant"], r["config"])
-        for c in cases
-        for r in c["results"]
-        if "mismatch" in r
-    ]
-    for failure in failed:
-        print("mismatch:", *failure, file=sys.stderr)
-    return 1 if failed else 0
-
-
-def _summary_line(op_name: str, dtype: str, rows: int, n: int, results: Sequence[dict[str, Any]]) -> str:
-    """Per variant: its fastest configuration (or how many configurations passed the check, interpreted)."""
-    parts = []
-    for name in dict.fromkeys(r["variant"] for r in results):
-        mine = [r for r in results if r["variant"] == name and "mismatch" not in r and "error" not in r]
-        timed = sorted((r for r in mine if "time_us" in r), key=lambda r: r["time_us"])
-        if timed:
-            best = timed[0]
-            parts.append(f"{name} {best['time_us']:.1f} us {best.get('frac_of_copy', '')} {best['config']}")
-        else:
-            total = sum(r["variant"] == name for r in results)
-            parts.append(f"{name}: {len(mine)} of {total} configs match the reference")
-    return f"{op_name} {dtype} {rows}x{n}: " + "; ".join(parts)
+    groups = [({"op": name}, functools.partial(measure_case, name)) for name in args.op or ["softmax", "rms_norm"]]
+    return run_cases(args, Path(__file__).name, groups)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ SMALL_BLOCK = {"BLOCK_N": 1024, "num_warps": 4, "PREFETCH": 0}
 @pytest.fixture
 def variants_script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     pytest.importorskip("triton")
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports provenance.py beside it
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports variant_timing.py beside it
     import layer_norm_variants
 
     return layer_norm_variants

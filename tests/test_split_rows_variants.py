@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def variants_script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     pytest.importorskip("triton")
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports provenance.py beside it
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports variant_timing.py beside it
     import split_rows_variants
 
     return split_rows_variants

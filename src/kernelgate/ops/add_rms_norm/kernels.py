@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import split_row_block, split_row_sum
+from kernelgate.ops.split_rows import split_row_block, split_row_sum, widen_after_wait
 from kernelgate.ops.tiles import load_tile, store_tile
 
 
@@ -126,13 +126,13 @@ def _add_rms_norm_fwd_split_kernel(
     row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
     x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
     r = load_tile(r_ptr + row * stride_rm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
-    s = (x + r).to(s_ptr.dtype.element_ty)
+    s_out = (x + r).to(s_ptr.dtype.element_ty)
     if PHASE != 2:
-        store_tile(s_ptr + row * stride_sm + cols, s, mask, EVEN_N, "")
-    s = s.to(tl.float32)
+        store_tile(s_ptr + row * stride_sm + cols, s_out, mask, EVEN_N, "")
+    s = s_out.to(tl.float32)
     total = split_row_sum(s * s, partial_ptr + row * SPLIT_BLOCK, arrived_ptr, row, part, n_split, PHASE, SPLIT_BLOCK)
     if PHASE != 1:
-        y = s * tl.rsqrt(total / n_cols + eps)
+        y = widen_after_wait(s_out) * tl.rsqrt(total / n_cols + eps)
         if HAS_WEIGHT:
             y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import split_row_block, split_row_pair
+from kernelgate.ops.split_rows import split_row_block, split_row_pair, widen_after_wait
 from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
 
 
@@ -113,10 +113,10 @@ def _layer_norm_fwd_split_kernel(
     """
     row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
     x_row = x_ptr + row * stride_xm
-    x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    x_in = load_tile(x_row + cols, mask, 0.0, EVEN_N, "")
     k = tl.load(x_row).to(tl.float32)
     count = tl.minimum(n_cols - part * BLOCK_N, BLOCK_N).to(tl.float32)
-    mean_part, m2_part = _block_stats(x, mask, k, count)
+    mean_part, m2_part = _block_stats(x_in.to(tl.float32), mask, k, count)
     means, m2s = split_row_pair(mean_part, m2_part, partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row, part,
                                 n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
     if PHASE != 1:
@@ -125,7 +125,7 @@ def _layer_norm_fwd_split_kernel(
         mean = tl.sum(counts * means, axis=0) / n_cols
         spread = means - mean
         var = (tl.sum(m2s, axis=0) + tl.sum(counts * spread * spread, axis=0)) / n_cols
-        y = ((x - k) - mean) * tl.rsqrt(var + eps)
+        y = ((widen_after_wait(x_in) - k) - mean) * tl.rsqrt(var + eps)
         if HAS_WEIGHT:
             y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         if HAS_BIAS:

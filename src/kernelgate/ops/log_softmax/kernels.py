@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from kernelgate.ops.softmax.kernels import online_max_and_sum
-from kernelgate.ops.split_rows import split_row_block, split_row_exp_and_sum, split_row_sum
+from kernelgate.ops.split_rows import split_row_block, split_row_exp_and_sum, split_row_sum, widen_after_wait
 from kernelgate.ops.tiles import load_tile, store_tile
 
 
@@ -112,11 +112,11 @@ def _log_softmax_fwd_split_kernel(
     gives NaN, as in torch.
     """
     row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
-    x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
-    _, _, m, s = split_row_exp_and_sum(x, partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row, part, n_split,
-                                       PHASE, SPLIT_BLOCK)  # fmt: skip
+    x_in = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "")
+    _, _, m, s = split_row_exp_and_sum(x_in.to(tl.float32), partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row,
+                                       part, n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
     if PHASE != 1:
-        y = (x - m) - tl.log(s)
+        y = (widen_after_wait(x_in) - m) - tl.log(s)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
@@ -175,10 +175,11 @@ def _log_softmax_bwd_split_kernel(
     float32; arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
     """
     row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
-    dy = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    dy_in = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "")
     # y is read before the wait too, so that its load overlaps it.
-    y = load_tile(y_ptr + row * stride_ym + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
-    total = split_row_sum(dy, partial_ptr + row * SPLIT_BLOCK, arrived_ptr, row, part, n_split, PHASE, SPLIT_BLOCK)
+    y_in = load_tile(y_ptr + row * stride_ym + cols, mask, 0.0, EVEN_N, "")
+    total = split_row_sum(dy_in.to(tl.float32), partial_ptr + row * SPLIT_BLOCK, arrived_ptr, row, part, n_split, PHASE,
+                          SPLIT_BLOCK)  # fmt: skip
     if PHASE != 1:
-        store_tile(dx_ptr + row * stride_dxm + cols, (dy - tl.exp(y) * total).to(dx_ptr.dtype.element_ty), mask, EVEN_N,
-                   "")  # fmt: skip
+        dx = widen_after_wait(dy_in) - tl.exp(widen_after_wait(y_in)) * total
+        store_tile(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")

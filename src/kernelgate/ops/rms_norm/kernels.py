@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import split_row_block, split_row_sum
+from kernelgate.ops.split_rows import split_row_block, split_row_sum, widen_after_wait
 from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
 
 
@@ -140,10 +140,11 @@ def _rms_norm_fwd_split_kernel(
     of BLOCK_N (no masks). Arithmetic in float32.
     """
     row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
-    x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    x_in = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "")
+    x = x_in.to(tl.float32)
     total = split_row_sum(x * x, partial_ptr + row * SPLIT_BLOCK, arrived_ptr, row, part, n_split, PHASE, SPLIT_BLOCK)
     if PHASE != 1:
-        y = x * tl.rsqrt(total / n_cols + eps)
+        y = widen_after_wait(x_in) * tl.rsqrt(total / n_cols + eps)
         if HAS_WEIGHT:
             y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import split_row_block, split_row_exp_and_sum, split_row_sum
+from kernelgate.ops.split_rows import split_row_block, split_row_exp_and_sum, split_row_sum, widen_after_wait
 from kernelgate.ops.tiles import load_tile, store_tile
 
 
@@ -147,11 +147,16 @@ def _softmax_fwd_split_kernel(
     arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
     """
     row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
-    x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
-    e, m_block, m, s = split_row_exp_and_sum(x, partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row, part,
-                                             n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
+    x_in = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "")
+    e, m_block, m, s = split_row_exp_and_sum(x_in.to(tl.float32), partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr,
+                                             row, part, n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
     if PHASE != 1:
-        y = e * (tl.exp(m_block - m) / s)
+        if x_in.dtype == tl.bfloat16:
+            # A second exponential an element, so that the float32 e need not stay live across the wait: x is kept
+            # as loaded (widen_after_wait). A row of only -inf gives NaN (m is -inf), as in torch.
+            y = tl.exp(widen_after_wait(x_in) - m) * (1.0 / s)
+        else:
+            y = e * (tl.exp(m_block - m) / s)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
@@ -212,8 +217,10 @@ def _softmax_bwd_split_kernel(
     float32; arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
     """
     row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
-    dy = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
-    y = load_tile(y_ptr + row * stride_ym + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
-    dot = split_row_sum(dy * y, partial_ptr + row * SPLIT_BLOCK, arrived_ptr, row, part, n_split, PHASE, SPLIT_BLOCK)
+    dy_in = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "")
+    y_in = load_tile(y_ptr + row * stride_ym + cols, mask, 0.0, EVEN_N, "")
+    dot = split_row_sum(dy_in.to(tl.float32) * y_in.to(tl.float32), partial_ptr + row * SPLIT_BLOCK, arrived_ptr, row,
+                        part, n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
     if PHASE != 1:
-        store_tile(dx_ptr + row * stride_dxm + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")
+        dx = widen_after_wait(y_in) * (widen_after_wait(dy_in) - dot)
+        store_tile(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")

@@ -176,7 +176,7 @@ def _softmax_split_variant(name: str, wait: int) -> TritonImpl:
         y = torch.empty_like(x)
         rowwise.launch_split_rows(
             SOFTMAX_ONE_EXP, rows, (rows.tensor, y), (rows.stride, rows.n_cols), (), 2, config=config,
-            EVEN_N=rows.n_cols % config["BLOCK_N"] == 0, WAIT=wait,
+            fresh_counts=True, EVEN_N=rows.n_cols % config["BLOCK_N"] == 0, WAIT=wait,
         )  # fmt: skip
         return y
 
@@ -199,7 +199,7 @@ def _rms_norm_split_variant(name: str, wait: int) -> TritonImpl:
         rows, w, y = rms_norm_module._forward_operands(x, weight)
         rowwise.launch_split_rows(
             RMS_NORM_WAIT, rows, (rows.tensor, w, y), (rows.stride, rows.n_cols), (eps,), 1, config=config,
-            HAS_WEIGHT=weight is not None, EVEN_N=rows.n_cols % config["BLOCK_N"] == 0, WAIT=wait,
+            fresh_counts=True, HAS_WEIGHT=weight is not None, EVEN_N=rows.n_cols % config["BLOCK_N"] == 0, WAIT=wait,
         )  # fmt: skip
         return y
 

@@ -12,6 +12,7 @@ import kernelgate
 from kernelgate import rowwise
 from kernelgate.launch import Unsupported
 from kernelgate.op import Op, TritonImpl
+from kernelgate.ops.cross_entropy import cross_entropy_with_grad
 from kernelgate.selection import run_candidate
 from kernelgate.tolerance import assert_close
 
@@ -194,3 +195,70 @@ def test_split_rows_count_refuses_more_programs_a_row_than_multiprocessors(monke
     with pytest.raises(Unsupported, match="need 9 programs of 2048 columns each, more than the device's 8"):
         rowwise.split_rows_count(cuda, 16385, 2048)
     assert rowwise.split_rows_count(torch.device("cpu"), 131072, 2048) == 64
+    # However many multiprocessors, the counts' encoding holds 2047 programs a row.
+    monkeypatch.setattr(rowwise.backend, "multiprocessors", lambda device: 4096)
+    assert rowwise.split_rows_count(cuda, 2047 * 2048, 2048) == 2047
+    with pytest.raises(Unsupported, match="need 2048 programs of 2048 columns each, more than split_rows' 2047"):
+        rowwise.split_rows_count(cuda, 2048 * 2048, 2048)
+
+
+def _split_rows_cases(n: int, device: torch.device) -> list[tuple[Op, tuple[object, ...]]]:
+    """Each op with a split_rows implementation and arguments of 3 rows of ``n`` on ``device``."""
+    gen = torch.Generator().manual_seed(5)
+    x, other = (torch.randn((3, n), generator=gen).to(device) for _ in range(2))
+    w = torch.randn(n, generator=gen).to(device)
+    target = torch.randint(0, n, (3,), generator=gen).to(device)
+    y = torch.softmax(x, -1)
+    return [
+        (kernelgate.softmax, (x, -1)),
+        (kernelgate.log_softmax, (x, -1)),
+        (kernelgate.softmax_backward, (other, y, -1)),
+        (kernelgate.log_softmax_backward, (other, torch.log(y), -1)),
+        (kernelgate.rms_norm, (x, w, 1e-6)),
+        (kernelgate.add_rms_norm, (x, other, w, 1e-6)),
+        (kernelgate.layer_norm, (x, (n,), w, other[0], 1e-5)),
+        (cross_entropy_with_grad, (x, target, None, -100, 0.0, "mean")),
+    ]
+
+
+@pytest.mark.gpu
+def test_split_rows_leaves_its_counts_zero_for_the_next_launch() -> None:
+    """On a GPU every split_rows kernel leaves the stream's arrival counts zero (the next launch there reuses them
+    without a fill), so launches one after another, with rows split over 10, 3 and then 2 programs, each give the
+    reference's result."""
+    cuda = torch.device("cuda")
+    kernelgate.configure(tune=False)
+    with kernelgate.use_mode("triton"):
+        for n, block in ((20000, 2048), (20000, 8192), (16385, 8192)):
+            for op, args in _split_rows_cases(n, cuda):
+                got = run_candidate(_split_rows(op), {"BLOCK_N": block, "num_warps": 4}, args, False, poison=True)
+                expected = op.reference(*args)
+                for g, e in zip(got, expected, strict=True) if isinstance(got, tuple) else ((got, expected),):
+                    assert_close(g, e, reduction_length=n)
+                torch.cuda.synchronize()
+                counts = rowwise.split_rows_counts(cuda, 3)
+                assert counts.tolist() == [0, 0, 0], (op.name, n, block)
+
+
+def test_split_rows_counts_are_kept_per_stream_and_fresh_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors (the interpreter) get new zeros each launch; so does a kernel that does not set its counts back
+    (fresh_counts). A request for more rows than the kept buffer holds gets a longer one."""
+    cpu = torch.device("cpu")
+    a, b = rowwise.split_rows_counts(cpu, 4), rowwise.split_rows_counts(cpu, 4)
+    assert a.tolist() == [0] * 4 and a.data_ptr() != b.data_ptr()
+    _, counts, split_block = rowwise.split_rows_buffers(cpu, 5, 3, 2, fresh_counts=True)
+    assert counts.tolist() == [0] * 5 and split_block == 4
+
+
+@pytest.mark.gpu
+def test_split_rows_counts_reuse_one_buffer_per_stream() -> None:
+    """On a GPU one stream's launches share a buffer (the first rows of it), grown when more rows come; another
+    stream has its own."""
+    cuda = torch.device("cuda")
+    first = rowwise.split_rows_counts(cuda, 8)
+    assert rowwise.split_rows_counts(cuda, 3).data_ptr() == first.data_ptr()
+    longer = rowwise.split_rows_counts(cuda, 4096)
+    assert longer.numel() == 4096 and longer.tolist() == [0] * 4096
+    assert rowwise.split_rows_counts(cuda, 8).data_ptr() == longer.data_ptr()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        assert rowwise.split_rows_counts(cuda, 8).data_ptr() != longer.data_ptr()

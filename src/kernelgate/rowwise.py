@@ -46,6 +46,7 @@ __all__ = [
     "MAX_SINGLE_BLOCK",
     "MAX_SINGLE_BLOCK_ALONG_BACKWARD",
     "MAX_SINGLE_BLOCK_FORWARD",
+    "MAX_SPLIT_PROGRAMS",
     "PARTIAL_SUMS",
     "PERSISTENT_CONFIGS",
     "PERSISTENT_LOOPED_CONFIGS",
@@ -89,6 +90,7 @@ __all__ = [
     "split_impl",
     "split_rows_buffers",
     "split_rows_count",
+    "split_rows_counts",
     "split_rows_impl",
     "split_rows_phases",
     "sum_partials",
@@ -471,6 +473,10 @@ SPLIT_ROWS_CONFIGS = ConfigSpace(BLOCK_N=(2048, 4096, 8192, 16384), num_warps=(4
 # rms_norm's forward chose 8192 and 8 too (rms-norm-split-rows-6fc0de7-a60c3ab/).
 SPLIT_ROWS_DEFAULT: Config = {"BLOCK_N": 8192, "num_warps": 8}
 SPLIT_ROWS_PER_THREAD = (4, 32)
+# The most programs a row may take (kernelgate.ops.split_rows.leave_row's encoding of the counts).
+MAX_SPLIT_PROGRAMS = 2047
+# split_rows_counts' buffers, by (device index, stream).
+_SPLIT_ROWS_COUNTS: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def split_rows_count(device: torch.device, n_cols: int, block: int) -> int:
@@ -479,6 +485,12 @@ def split_rows_count(device: torch.device, n_cols: int, block: int) -> int:
     GPU's count is checked: compile-only collection and the interpreter take CPU tensors."""
     n_split = cdiv(n_cols, block)
     multiprocessors = backend.multiprocessors(device) if device.type == "cuda" else n_split
+    if n_split > MAX_SPLIT_PROGRAMS:  # the counts' encoding (kernelgate.ops.split_rows.leave_row) holds fewer
+        raise Unsupported(
+            "shape-unsupported",
+            f"rows of {n_cols} need {n_split} programs of {block} columns each, more than split_rows' "
+            f"{MAX_SPLIT_PROGRAMS}",
+        )
     if n_split > multiprocessors:
         raise Unsupported(
             "shape-unsupported",
@@ -488,14 +500,41 @@ def split_rows_count(device: torch.device, n_cols: int, block: int) -> int:
     return n_split
 
 
+def split_rows_counts(device: torch.device, n_rows: int) -> torch.Tensor:
+    """Zeros for the arrival counts of a split-rows launch of ``n_rows`` rows (int32).
+
+    On a GPU, the first ``n_rows`` of a buffer kept per device and stream: every split-rows kernel of the package
+    leaves its counts zero (``kernelgate.ops.split_rows.leave_row``) and a stream runs its kernels one after
+    another, so the next launch there finds zeros without a fill kernel before it. A new buffer is made where the
+    kept one is too short, and for every launch while the stream is captured into a CUDA graph (its replays would
+    share the buffer with launches outside the graph). On the CPU (the interpreter, which does not count) fresh
+    zeros.
+    """
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n_rows, dtype=torch.int32, device=device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, torch.cuda.current_stream(index).cuda_stream)
+    counts = _SPLIT_ROWS_COUNTS.get(key)
+    if counts is None or counts.numel() < n_rows:
+        counts = torch.zeros(max(n_rows, 2 * (0 if counts is None else counts.numel())), dtype=torch.int32,
+                             device=device)  # fmt: skip
+        _SPLIT_ROWS_COUNTS[key] = counts
+    return counts[:n_rows]
+
+
 def split_rows_buffers(
-    device: torch.device, n_rows: int, n_split: int, values: int
+    device: torch.device, n_rows: int, n_split: int, values: int, *, fresh_counts: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """A split-rows launch's float32 partials (``values`` a program, ``(n_rows, values * SPLIT_BLOCK)``), its
-    per-row arrival counts (int32 zeros) and SPLIT_BLOCK (``n_split`` rounded up to a power of two)."""
+    per-row arrival counts (int32 zeros: :func:`split_rows_counts`, or new ones with ``fresh_counts``, for a kernel
+    that does not set them back to zero) and SPLIT_BLOCK (``n_split`` rounded up to a power of two)."""
     split_block = next_power_of_2(n_split)
     partials = torch.empty((n_rows, values * split_block), dtype=torch.float32, device=device)
-    return partials, torch.zeros(n_rows, dtype=torch.int32, device=device), split_block
+    if fresh_counts:
+        counts = torch.zeros(n_rows, dtype=torch.int32, device=device)
+    else:
+        counts = split_rows_counts(device, n_rows)
+    return partials, counts, split_block
 
 
 def split_rows_phases() -> tuple[int, ...]:
@@ -556,15 +595,19 @@ def launch_split_rows(
     values: int,
     *,
     config: Config,
+    fresh_counts: bool = False,
     **meta: Any,
 ) -> None:
     """Launch a split-rows kernel over ``rows`` as ``kernel(*pointers, partials, arrived, *strides, n_cols, n_split,
     *scalars, PHASE=..., SPLIT_BLOCK=..., BLOCK_N=..., **meta)``, ``values`` partials a program, once on a GPU and
     twice under the interpreter (:func:`split_rows_phases`); raises :class:`Unsupported` where a row's programs
-    outnumber the multiprocessors (:func:`split_rows_count`)."""
+    outnumber the multiprocessors (:func:`split_rows_count`). ``fresh_counts``: for a kernel that does not leave its
+    arrival counts zero (:func:`split_rows_buffers`)."""
     block = config["BLOCK_N"]
     n_split = split_rows_count(rows.tensor.device, rows.n_cols, block)
-    partials, arrived, split_block = split_rows_buffers(rows.tensor.device, rows.n_rows, n_split, values)
+    partials, arrived, split_block = split_rows_buffers(
+        rows.tensor.device, rows.n_rows, n_split, values, fresh_counts=fresh_counts
+    )
     for phase in split_rows_phases():
         launch(
             kernel, (rows.n_rows * n_split,), *pointers, partials, arrived, *strides, rows.n_cols, n_split, *scalars,

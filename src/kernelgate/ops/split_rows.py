@@ -5,7 +5,10 @@ Program ``p`` of such a kernel holds block ``k = p % n_split`` of row ``p // n_s
 partial values, stores them in the row's slots of a float32 ``partial`` buffer (``(n_rows, parts * SPLIT_BLOCK)``,
 ``SPLIT_BLOCK >= n_split`` a power of two: value ``j`` of block ``k`` at ``j * SPLIT_BLOCK + k``), adds one to
 the row's count in ``arrived`` (``(n_rows,)`` int32, zero at launch) and waits until the row's ``n_split``
-programs have. Then every program combines the row's partials and writes its block of the result.
+programs have. Then every program combines the row's partials, counts itself out (:func:`leave_row`: once the
+row's programs all have, its count is zero again) and writes its block of the result. A launch leaves the counts
+as it found them, so one buffer of zeros serves every launch on a stream (``rowwise.split_rows_counts``) with no
+fill kernel before each.
 
 Waiting is safe because a GPU starts programs in the order of their ids, and a row's programs are consecutive
 and no more than can run at once (the launchers keep ``n_split`` at most the multiprocessors' count,
@@ -46,8 +49,24 @@ def wait_for_row(arrived_ptr, row, n_split):
     """
     tl.debug_barrier()  # every thread's partials are stored before the count says so
     seen = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel") + 1
-    while seen < n_split:
+    # Negative: programs of the row are leaving (leave_row), so all have arrived.
+    while (seen < n_split) & (seen >= 0):
         seen = tl.atomic_add(arrived_ptr + row, 0, sem="acquire")
+
+
+@triton.jit
+def leave_row(arrived_ptr, row, part, n_split):
+    """Count this program out of ``row`` once it has read the row's partials, so that when the row's ``n_split``
+    programs all have, the count is back to zero, without a program waiting for an answer.
+
+    Block 0 subtracts ``n_split + (n_split - 1) * 2**20`` and every other block adds ``2**20``: after the arrivals
+    (``n_split``), the count stays at ``n_split`` or more while block 0 is still in, is negative once it is out
+    with others still in, and is zero once all are out. Waiting programs take either as all arrived
+    (:func:`wait_for_row`); a count of 0 to ``n_split - 1`` only ever means arrivals still to come. Needs
+    ``n_split * 2**20 < 2**31``: ``rowwise.split_rows_count`` keeps ``n_split`` under 2048.
+    """
+    step = tl.where(part == 0, -n_split - (n_split - 1) * 1048576, 1048576)
+    tl.atomic_add(arrived_ptr + row, step, sem="relaxed")
 
 
 @triton.jit
@@ -103,6 +122,8 @@ def split_row_exp_and_sum(
     if PHASE != 1:
         m_parts = load_row_partials(partial_row, 0, n_split, -float("inf"), SPLIT_BLOCK)
         s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+        if PHASE == 0:
+            leave_row(arrived_ptr, row, part, n_split)
         m = tl.max(m_parts, axis=0)
         scale = tl.where(m_parts == -float("inf"), 0.0, tl.exp(m_parts - tl.where(m == -float("inf"), 0.0, m)))
         s = tl.sum(s_parts * scale, axis=0)
@@ -123,6 +144,8 @@ def split_row_sum(
     total = tl.zeros([], tl.float32)
     if PHASE != 1:
         total = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
+        if PHASE == 0:
+            leave_row(arrived_ptr, row, part, n_split)
     return total
 
 
@@ -144,4 +167,6 @@ def split_row_pair(
     if PHASE != 1:
         a_parts = load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK)
         b_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+        if PHASE == 0:
+            leave_row(arrived_ptr, row, part, n_split)
     return a_parts, b_parts

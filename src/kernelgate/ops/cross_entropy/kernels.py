@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import load_row_partials, split_row_block, wait_for_row
+from kernelgate.ops.split_rows import leave_row, load_row_partials, split_row_block, wait_for_row
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2)
@@ -501,6 +501,8 @@ def _cross_entropy_fwd_grad_split_kernel(
         s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
         w_parts = load_row_partials(partial_row, 2, n_split, 0.0, SPLIT_BLOCK)
         wx_parts = load_row_partials(partial_row, 3, n_split, 0.0, SPLIT_BLOCK)
+        if PHASE == 0:
+            leave_row(arrived_ptr, row, part, n_split)
         m = tl.max(m_parts, axis=0)
         # A block with nothing but -inf has a sum of 0 (its rescale would be NaN); a NaN block's stays NaN.
         scale = tl.where(m_parts == float("-inf"), 0.0, tl.exp(m_parts - tl.where(m == float("-inf"), 0.0, m)))

@@ -15,7 +15,8 @@
 #   benchmarks/run_gpu.sh ab OUT      `kernelgate bench BENCH_ARGS` on another kernelgate's sources, BASE_SRC (its commit:
 #                                     BASE_COMMIT), then on this tree, each with its own caches (BENCH_ARGS default:
 #                                     --suite benchmarks/long-rows.json --no-backward --no-compile --no-liger); make
-#                                     BASE_SRC with `git archive BASE src | tar -x -C DIR` and pass DIR/src
+#                                     BASE_SRC with `git archive BASE src | tar -x -C DIR` and pass DIR/src;
+#                                     TREE_SRC and TREE_COMMIT put another kernelgate's sources in this tree's place
 #   benchmarks/run_gpu.sh variants OUT benchmarks/layer_norm_variants.py
 # Everything is written under OUT (default ./gpu-out), then packed into OUT.tar.gz. The device returns
 # at most 8 files, and nothing of a call killed at its time limit except what is already there, so
@@ -83,7 +84,7 @@ elif [ "$part" = profile ]; then
 elif [ "$part" = ab ]; then
   : "${BASE_SRC:?set BASE_SRC to the src directory of the kernelgate to compare with}" "${BASE_COMMIT:?set BASE_COMMIT}"
   for side in base tree; do
-    if [ "$side" = base ]; then src=$BASE_SRC; label=$BASE_COMMIT; else src=$PWD/src; label=$commit; fi
+    if [ "$side" = base ]; then src=$BASE_SRC; label=$BASE_COMMIT; else src=${TREE_SRC:-$PWD/src}; label=${TREE_COMMIT:-$commit}; fi
     # shellcheck disable=SC2086
     PYTHONPATH=$src${PYTHONPATH#"$PWD/src"} KERNELGATE_COMMIT=$label KERNELGATE_CACHE_DIR=$out/cache-$side \
       TRITON_CACHE_DIR=$TRITON_CACHE_DIR-$side within_budget python3 -m kernelgate bench \

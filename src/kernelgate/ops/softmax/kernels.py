@@ -147,16 +147,14 @@ def _softmax_fwd_split_kernel(
     arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
     """
     row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
-    x_in = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "")
-    e, m_block, m, s = split_row_exp_and_sum(x_in.to(tl.float32), partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr,
-                                             row, part, n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
+    x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
+    e, m_block, m, s = split_row_exp_and_sum(x, partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row, part,
+                                             n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
     if PHASE != 1:
-        if x_in.dtype == tl.bfloat16:
-            # A second exponential an element, so that the float32 e need not stay live across the wait: x is kept
-            # as loaded (widen_after_wait). A row of only -inf gives NaN (m is -inf), as in torch.
-            y = tl.exp(widen_after_wait(x_in) - m) * (1.0 / s)
-        else:
-            y = e * (tl.exp(m_block - m) / s)
+        # In bfloat16 too. A second exponential after the wait instead, with x kept narrow across it and not e, ran
+        # slower on the H200 (split_rows at bf16 512x131072 98.9 us at 6e9f805, 109.5 at ae7fd03, which also differ
+        # by the counts' reuse; benchmarks/results/h200/default-*) and freed 2 registers a thread of 64.
+        y = e * (tl.exp(m_block - m) / s)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 

@@ -245,20 +245,20 @@ def test_split_rows_leaves_its_counts_zero_for_the_next_launch() -> None:
                 assert counts.tolist() == [0, 0, 0], (op.name, n, block)
 
 
-def test_split_rows_counts_are_kept_per_stream_and_fresh_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU tensors (the interpreter) get new zeros each launch; so does a kernel that does not set its counts back
-    (fresh_counts). A request for more rows than the kept buffer holds gets a longer one."""
+def test_split_rows_counts_are_new_zeros_on_the_cpu() -> None:
+    """CPU tensors (the interpreter, which does not count) get new zeros each launch, beside partials of SPLIT_BLOCK
+    slots a value."""
     cpu = torch.device("cpu")
     a, b = rowwise.split_rows_counts(cpu, 4), rowwise.split_rows_counts(cpu, 4)
     assert a.tolist() == [0] * 4 and a.data_ptr() != b.data_ptr()
-    _, counts, split_block = rowwise.split_rows_buffers(cpu, 5, 3, 2, fresh_counts=True)
-    assert counts.tolist() == [0] * 5 and split_block == 4
+    partials, counts, split_block = rowwise.split_rows_buffers(cpu, 5, 3, 2)
+    assert counts.tolist() == [0] * 5 and split_block == 4 and partials.shape == (5, 8)
 
 
 @pytest.mark.gpu
 def test_split_rows_counts_reuse_one_buffer_per_stream() -> None:
     """On a GPU one stream's launches share a buffer (the first rows of it), grown when more rows come; another
-    stream has its own."""
+    stream has its own; fresh_counts and a CUDA graph's capture get new zeros."""
     cuda = torch.device("cuda")
     first = rowwise.split_rows_counts(cuda, 8)
     assert rowwise.split_rows_counts(cuda, 3).data_ptr() == first.data_ptr()
@@ -267,3 +267,10 @@ def test_split_rows_counts_reuse_one_buffer_per_stream() -> None:
     assert rowwise.split_rows_counts(cuda, 8).data_ptr() == longer.data_ptr()
     with torch.cuda.stream(torch.cuda.Stream()):
         assert rowwise.split_rows_counts(cuda, 8).data_ptr() != longer.data_ptr()
+    # A kernel that does not set its counts back gets new zeros, and so does a launch captured into a CUDA graph.
+    _, fresh, _ = rowwise.split_rows_buffers(cuda, 8, 3, 1, fresh_counts=True)
+    assert fresh.data_ptr() != longer.data_ptr() and fresh.tolist() == [0] * 8
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = rowwise.split_rows_counts(cuda, 8)
+    assert captured.data_ptr() != longer.data_ptr()

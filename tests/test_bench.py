@@ -750,6 +750,51 @@ def test_a_case_a_worker_cannot_compile_is_reported_and_the_rest_go_on() -> None
     assert lines[0].startswith("failed softmax float32 [-1, 8]: ") and lines[1] == "ok softmax float32 [2, 8]"
 
 
+def test_a_worker_asked_for_kernelgate_and_liger_leaves_the_settings_and_the_decisions_as_they_were() -> None:
+    """A worker's kernelgate and Liger-Kernel parts run with tuning off into a scratch decision cache, restore the
+    settings afterwards, and a Liger-Kernel that is missing or lacks the op is no failure (the run's row says so)."""
+    before = kernelgate.settings()
+    jobs = {
+        "device": "cpu",
+        "backward": True,
+        "backend": None,
+        "kernelgate": True,
+        "liger": True,
+        "cases": [["softmax", "float32", [2, 8]], ["rms_norm", "float32", [2, 8]]],
+    }
+    assert compile_cases(jobs) == ["ok softmax float32 [2, 8]", "ok rms_norm float32 [2, 8]"]
+    assert kernelgate.settings() == before
+    assert not before.cache_dir or not any(Path(before.cache_dir).rglob("*.json")), "no decision was written"
+
+
+def test_cases_sharing_kernels_go_to_one_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cases of one op, dtype and row length (a latency shape beside a 128 MiB one) are dealt to the same worker,
+    which compiles their kernels once; the rest are spread across the workers."""
+    from kernelgate.bench import precompile as module
+
+    dealt: list[list[Any]] = []
+
+    class Recorder:
+        def __init__(self, argv: list[str], stdin: Any, stdout: Any, **kwargs: Any) -> None:
+            self.stdin, self.stdout = io.StringIO(), stdout
+            self.stdin.close = lambda: dealt.append(json.loads(self.stdin.getvalue())["cases"])  # type: ignore[method-assign]
+
+        def wait(self, timeout: float) -> int:
+            return 0
+
+    monkeypatch.setattr(module.subprocess, "Popen", Recorder)
+    spec = bench.spec_for("softmax")
+    cases = [("float32", bench.Case(shape)) for shape in ((8, 4096), (1, 4096), (8, 1024), (2, 4096), (8, 512))]
+    done = precompile([(spec, cases)], torch.device("cpu"), backward=False, workers=2, backend=None, kernelgate=True)
+    assert sorted(len(share) for share in dealt) == [2, 3]
+    assert [
+        ["softmax", "float32", [8, 4096]],
+        ["softmax", "float32", [1, 4096]],
+        ["softmax", "float32", [2, 4096]],
+    ] in dealt
+    assert str(done).startswith("kernelgate ahead: 0 of 5 case(s) compiled in ")
+
+
 def test_a_worker_out_of_time_is_stopped_and_its_cases_left_to_the_run() -> None:
     """A worker still running at the time limit is killed, and its cases are counted as not answered."""
     spec = bench.spec_for("softmax")
@@ -798,6 +843,27 @@ def test_default_precompile_workers_follow_the_cpus_and_the_device_memory(
 
 
 # --- on the GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_tuning_after_the_precompile_workers_compiles_nothing(triton_cache: Path) -> None:
+    """On the GPU: after the workers called kernelgate's softmax on a case, forward and forward+backward, with a
+    fresh Triton cache, tuning the forward's and the backward's buckets in this process compiles no kernel: every
+    candidate's was in the cache (the decisions' gate_kernels say 0 compiled)."""
+    spec, device = bench.spec_for("softmax"), torch.device("cuda")
+    case = bench.Case((96, 1000))  # rows of 1000: a length no other test tunes
+    done = precompile([(spec, [("float32", case)])], device, backward=True, workers=1, backend=None, kernelgate=True)
+    assert (done.jobs, done.compiled, done.failed) == (1, 1, 0), str(done)
+    fwd_args, bwd_args = bench_runner.case_args(spec, torch.float32, case, device)
+    softmax = get_op("softmax")
+    softmax.plan(*fwd_args)
+    bench_runner._autograd_step(softmax, bwd_args, spec.grad_args)()()
+    cache = kernelgate.settings().cache_dir
+    assert cache is not None
+    entries = [e for f in Path(cache).rglob("*.json") for e in json.loads(f.read_text())["entries"].values()]
+    assert {e["op"] for e in entries} == {"softmax", "softmax_backward"}, entries
+    for entry in entries:
+        assert entry["seconds"]["gate_kernels"].startswith("0 compiled"), entry["seconds"]
 
 
 @pytest.mark.gpu

@@ -149,3 +149,53 @@ def test_compile_workers_setting() -> None:
         kernelgate.configure(compile_workers=-1)
     assert 0 <= compile_ahead.default_workers() <= 16
     assert compile_ahead.default_workers() <= (os.cpu_count() or 1)
+
+
+def _as_if_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The device to test on: the GPU where there is one, else CPU tensors taken as a GPU's by dispatch, so that a
+    plan is made for them (the compile-only driver of ``triton_cache`` compiles for sm_90; nothing may launch)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    import dataclasses
+
+    from kernelgate import backend, op
+
+    monkeypatch.setattr(op, "_GPU_DEVICE_TYPES", (*op._GPU_DEVICE_TYPES, "cpu"))
+    status = dataclasses.replace(backend.status(), target="cuda", driver_error=None)
+    monkeypatch.setattr(backend, "status", lambda: status)
+    return "cpu"
+
+
+def test_an_untuned_bucket_compiles_its_candidates_for_a_later_process(
+    triton_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within compiling_untuned_buckets and with tuning off, planning a new bucket compiles every candidate of it
+    into Triton's cache, decides and caches nothing, and a process that then tunes the bucket loads every kernel
+    from the cache. explain() compiles nothing."""
+    from kernelgate.ops.softmax import softmax
+    from kernelgate.selection import _candidate_launches
+
+    device = _as_if_on_a_gpu(monkeypatch)
+    kernelgate.configure(tune=False)
+    x = torch.randn(8, 200, device=device)  # rows of 200: a length no other test compiles
+    with compile_ahead.compiling_untuned_buckets():
+        assert compile_ahead.compiling_untuned()
+        kernelgate.softmax.explain(torch.randn(8, 232, device=device), -1)
+        assert not triton_cache.exists() or not any(triton_cache.rglob("*.cubin")), "explain() compiles nothing"
+        plan = softmax.plan(x, -1)
+    assert not compile_ahead.compiling_untuned()
+    assert plan.reason is kernelgate.Reason.DEFAULT_CONFIG, plan
+    eligible, _ = softmax._eligible((x, -1), x.device, "auto", False)
+    launches = _candidate_launches(softmax, (x, -1), eligible)
+    kernels = len({p for p in triton_cache.rglob("*.cubin")})
+    assert len(launches) > kernels > 1, "every candidate's kernel was compiled (several share one)"
+    assert f"; {kernels} of its candidates' {kernels} kernels compiled ahead" in plan.detail, plan.detail
+    kernelgate.configure(tune=True)
+    assert softmax.explain(x, -1).reason is kernelgate.Reason.DEFAULT_CONFIG, "no decision was cached"
+    for impl in eligible:  # as a new process: nothing in memory, so Triton looks in its cache
+        for kernel in impl.kernels:
+            kernel.resolve().device_caches.clear()
+    with compile_ahead.count_compiles() as count:
+        again = compile_ahead.compile_here(launches)
+    assert (again.jobs, again.compiled) == (kernels, kernels)
+    assert count is not None and (count.compiled, count.loaded) == (0, kernels), str(count)

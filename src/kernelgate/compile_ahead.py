@@ -13,6 +13,12 @@ stopped when idle and at exit. Nothing here can change a result: a kernel the wo
 compile, for whatever reason, is compiled by the gate's own launch, as it would have been anyway.
 
 ``KERNELGATE_COMPILE_WORKERS`` sets how many workers run (0: compile in the tuning process only).
+
+A process can also compile ahead for a later one: within :func:`compiling_untuned_buckets`, with tuning off,
+each call that meets a bucket with no decision compiles every candidate of that bucket in this process
+(:func:`compile_here`) and then runs untuned, as tuning off does. ``kernelgate bench``'s worker processes do
+that for the whole run (:mod:`kernelgate.bench.precompile`), so the run's tuning finds its kernels in Triton's
+cache instead of compiling them bucket by bucket.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ __all__ = [
     "Outcome",
     "collect_jobs",
     "compile_ahead",
+    "compile_here",
+    "compiling_untuned",
+    "compiling_untuned_buckets",
     "count_compiles",
     "default_workers",
     "shutdown",
@@ -77,6 +86,31 @@ def default_workers() -> int:
     True
     """
     return max(0, min(16, usable_cpus()))
+
+
+# Set by compiling_untuned_buckets: process-wide, since a backward runs on autograd's device thread.
+_untuned_compiles = 0
+
+
+@contextlib.contextmanager
+def compiling_untuned_buckets() -> Iterator[None]:
+    """Within the block, a call with tuning off that meets a bucket with no decision first compiles all of the
+    bucket's candidates in this process (see the module's docstring); on every thread."""
+    global _untuned_compiles
+    _untuned_compiles += 1
+    try:
+        yield
+    finally:
+        _untuned_compiles -= 1
+
+
+def compiling_untuned() -> bool:
+    """Whether :func:`compiling_untuned_buckets` is active.
+
+    >>> compiling_untuned()
+    False
+    """
+    return _untuned_compiles > 0
 
 
 def _compile_hook(previous: Callable[..., Any] | None) -> Callable[..., Any]:
@@ -311,19 +345,42 @@ def compile_ahead(launches: Sequence[Callable[[], object]], workers: int) -> Out
         return Outcome(0, 0, 0.0)
     from triton.runtime.driver import driver
 
-    with collect_jobs() as jobs:
-        for launch in launches:
-            try:
-                launch()
-            except Exception:  # the gate runs this candidate again and reports its error
-                continue
-    unique = list(dict.fromkeys(jobs))
+    unique = _collect(launches)
     if not unique:
         return Outcome(0, 0, time.monotonic() - start)
     target = driver.active.get_current_target()
     key = (target.backend, target.arch, target.warp_size)
     results = _pool.run(key, unique, workers)
     return Outcome(len(unique), sum(r is None for r in results), time.monotonic() - start)
+
+
+def _collect(launches: Sequence[Callable[[], object]]) -> list[CompileJob]:
+    """The distinct jobs ``launches`` would compile (see :func:`collect_jobs`); a launcher's exception is ignored."""
+    with collect_jobs() as jobs:
+        for launch in launches:
+            try:
+                launch()
+            except Exception:  # the gate runs this candidate again and reports its error
+                continue
+    return list(dict.fromkeys(jobs))
+
+
+def compile_here(launches: Sequence[Callable[[], object]]) -> Outcome:
+    """Compile what each of ``launches`` would compile, in this process, one kernel after another (into Triton's
+    on-disk cache, and this process's memory); a kernel that fails to compile is left for its launch to report."""
+    start = time.monotonic()
+    unique = _collect(launches)
+    return Outcome(len(unique), sum(_compile_job(job) is None for job in unique), time.monotonic() - start)
+
+
+def _compile_job(job: CompileJob) -> str | None:
+    """Compile ``job`` for the active driver's target; ``None`` when done, else why not."""
+    module, name, specialization = job
+    try:
+        getattr(importlib.import_module(module), name).preload(specialization)
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"[:500]
+    return None
 
 
 # --- the worker process ----------------------------------------------------------------------------
@@ -351,13 +408,8 @@ def _serve(target_json: str, requests: IO[str], replies: IO[str]) -> None:
 
     driver.set_active(_CompileOnlyDriver(GPUTarget(*json.loads(target_json))))  # type: ignore[arg-type]
     for line in requests:
-        module, name, specialization = json.loads(line)
-        try:
-            kernel = getattr(importlib.import_module(module), name)
-            kernel.preload(specialization)
-            reply: dict[str, Any] = {"ok": True}
-        except Exception as err:  # the reply says why; the tuning process compiles it itself
-            reply = {"error": f"{type(err).__name__}: {err}"[:500]}
+        error = _compile_job(CompileJob(*json.loads(line)))  # on error the tuning process compiles it itself
+        reply: dict[str, Any] = {"ok": True} if error is None else {"error": error}
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
 

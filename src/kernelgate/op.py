@@ -37,6 +37,7 @@ from kernelgate import backend, library
 from kernelgate import log as launch_log
 from kernelgate.bucket import pow2, stride_class
 from kernelgate.cache import decision_cache
+from kernelgate.compile_ahead import compiling_untuned
 from kernelgate.config import Config, ConfigSpace, config_label
 from kernelgate.contract import ArgSpec, TensorArg, check_inputs, validate_specs
 from kernelgate.dispatch import (
@@ -51,7 +52,7 @@ from kernelgate.dispatch import (
 from kernelgate.errors import CacheWarning, DeclarationError, InputTypeError, TritonUnavailableError, user_stacklevel
 from kernelgate.launch import LazyKernel, Unsupported, call_state
 from kernelgate.library import Backward
-from kernelgate.selection import clone_args, device_step_us, time_autograd_step, tune
+from kernelgate.selection import clone_args, compile_candidates_here, device_step_us, time_autograd_step, tune
 from kernelgate.settings import Mode, Settings, parse_mode, settings
 
 __all__ = ["HALF_AND_FLOAT", "Op", "StepRoute", "TritonImpl", "get_op", "registered_ops"]
@@ -414,6 +415,9 @@ class Op:
                 detail = "a CUDA graph is being captured"
             elif not current.tune:
                 detail = "tuning is off (KERNELGATE_TUNE=off)"
+                if allow_tune and compiling_untuned() and not interpret:
+                    compiled = compile_candidates_here(self, values, eligible)
+                    detail += f"; {compiled.compiled} of its candidates' {compiled.jobs} kernels compiled ahead"
             else:
                 detail = "no decision is cached for this bucket yet; the first call tunes it"
             return Plan(impl, Reason.DEFAULT_CONFIG, detail, interpret, impl.default_for(values), key, device)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kernelgate.compile_ahead import Outcome, compile_ahead, count_compiles, default_workers
+from kernelgate.compile_ahead import Outcome, compile_ahead, compile_here, count_compiles, default_workers
 from kernelgate.config import Config, config_label
 from kernelgate.dispatch import Reason
 from kernelgate.launch import Unsupported, call_state
@@ -38,6 +38,7 @@ __all__ = [
     "CandidateResult",
     "Mismatch",
     "compare",
+    "compile_candidates_here",
     "float64_truth",
     "output_tensors",
     "per_call_us",
@@ -447,15 +448,24 @@ def _head_to_head(
     return timings
 
 
-def _compile_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> Outcome:
-    """Compile every candidate's kernels in parallel worker processes before the gate runs them."""
-    workers = settings().compile_workers
-    launches = [
+def _candidate_launches(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> list[Callable[[], object]]:
+    return [
         functools.partial(run_candidate, impl, config, clone_args(values, op.mutated_positions), False, False)
         for impl in impls
         for config in impl.candidate_configs(values)
     ]
-    return compile_ahead(launches, default_workers() if workers is None else workers)
+
+
+def _compile_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> Outcome:
+    """Compile every candidate's kernels in parallel worker processes before the gate runs them."""
+    workers = settings().compile_workers
+    return compile_ahead(_candidate_launches(op, values, impls), default_workers() if workers is None else workers)
+
+
+def compile_candidates_here(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> Outcome:
+    """Compile every candidate's kernels for ``values``' bucket in this process, tuning nothing (see
+    :func:`kernelgate.compile_ahead.compiling_untuned_buckets`)."""
+    return compile_here(_candidate_launches(op, values, impls))
 
 
 def _time_passing(

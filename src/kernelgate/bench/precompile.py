@@ -1,4 +1,5 @@
-"""torch.compile's graphs for a whole bench run, compiled before it in worker processes.
+"""A bench run's compiling, done before it in worker processes: torch.compile's graphs, kernelgate's candidates
+and Liger-Kernel's kernels.
 
 With ``dynamic=False`` torch.compile compiles each (op, dtype, shape, direction) on its first call:
 at ac8287c that was 302 of the default suite's 727 s on the H200, one compile after another. Here
@@ -7,6 +8,15 @@ any measurement starts (the GPU then has nothing to measure, so their own launch
 and the run's first calls find the graphs in inductor's on-disk caches (FX graph, AOT autograd,
 Triton kernels) instead of compiling them. The run's own ``torch.compile`` is
 unchanged: same configuration, same graphs, its first call still made (and recorded) by the run.
+
+The same workers call kernelgate's op on each case, forward and forward+backward, with tuning off and
+:func:`~kernelgate.compile_ahead.compiling_untuned_buckets` on: every bucket the calls meet, the backward's
+included, has all its tuning candidates compiled into Triton's on-disk cache, and the run's tuning then loads
+them. Bucket by bucket in the run, the compiling waited on each bucket's slowest kernel: at ae7fd03 on the
+H200 it took 142.5 of the 282 s the default suite spent tuning, for about 4,450 kernels. The workers tune and
+cache nothing (their decision cache is a scratch directory). They also call Liger-Kernel's functions once on
+each case, so that its Triton kernels, compiled on first call, are in the cache too (53 s of first calls at
+ae7fd03).
 
 Workers compile in-process (``TORCHINDUCTOR_COMPILE_THREADS=1``, a setting the caches' keys ignore)
 so that several of them do not each start a pool of compile processes.
@@ -17,13 +27,16 @@ so that several of them do not each start a pool of compile processes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -65,15 +78,22 @@ def default_workers(device: torch.device) -> int:
 class Precompiled:
     """What :func:`precompile` did: ``seconds`` spent, ``jobs`` given out, how many were ``compiled``
     and how many ``failed`` (the run compiles whatever is missing itself, and reports any failure in
-    its rows; a worker that died or ran out of time answers for none of its jobs)."""
+    its rows; a worker that died or ran out of time answers for none of its jobs); ``parts``: what was
+    compiled ahead (torch.compile's graphs, kernelgate's candidates, Liger-Kernel's kernels)."""
 
-    def __init__(self, seconds: float, jobs: int, compiled: int, failed: int) -> None:
+    def __init__(
+        self, seconds: float, jobs: int, compiled: int, failed: int, parts: Sequence[str] = ("torch.compile",)
+    ) -> None:
         self.seconds, self.jobs, self.compiled, self.failed = seconds, jobs, compiled, failed
+        self.parts = tuple(parts)
 
     def __str__(self) -> str:
         missing = self.jobs - self.compiled - self.failed
         tail = "".join(f", {n} {what}" for n, what in ((self.failed, "failed"), (missing, "not answered")) if n)
-        return f"torch.compile ahead: {self.compiled} of {self.jobs} case(s) compiled in {self.seconds:.0f} s{tail}"
+        return (
+            f"{', '.join(self.parts)} ahead: {self.compiled} of {self.jobs} case(s) compiled in "
+            f"{self.seconds:.0f} s{tail}"
+        )
 
 
 def precompile(
@@ -82,26 +102,48 @@ def precompile(
     *,
     backward: bool,
     workers: int | None = None,
-    backend: str = "inductor",
+    backend: str | None = "inductor",
+    kernelgate: bool = False,
+    liger: bool = False,
     timeout_s: float = TIMEOUT_S,
 ) -> Precompiled:
-    """Compile every case of ``plan`` with torch.compile (inductor) in ``workers`` processes (default:
-    :func:`default_workers`); wait for them.
+    """Compile every case of ``plan`` in ``workers`` processes (default: :func:`default_workers`); wait for them.
 
-    ``plan`` is the run's: (spec, [(dtype, case), ...]) per op. Each worker gets every ``workers``-th
-    case, and compiles the forward and, with ``backward``, the forward+backward step as the run
-    calls them. ``backend``: torch.compile's (only inductor's graphs are cached across processes;
-    another backend serves tests of this plumbing).
+    ``plan`` is the run's: (spec, [(dtype, case), ...]) per op. The cases are dealt out to the workers, those of
+    one op, dtype and row length (whose kernels are mostly the same) to the same worker, the largest such groups
+    first to the worker with the fewest cases so far, and each compiles the
+    forward and, with ``backward``, the forward+backward step as the run calls them: with torch.compile and
+    ``backend`` (only inductor's graphs are cached across processes; another backend serves tests of this
+    plumbing; ``None``: not compiled), with ``kernelgate``'s candidates, with ``liger``'s kernels.
     """
     cases = [(spec.op, dtype, list(case.shape)) for spec, op_cases in plan for dtype, case in op_cases]
+    lengths = {spec.op: spec for spec, _ in plan}
+    groups: dict[tuple[str, str, int], list[Any]] = {}
+    for op, dtype, shape in cases:
+        groups.setdefault((op, dtype, lengths[op].rows_and_length(tuple(shape))[1]), []).append([op, dtype, shape])
     workers = default_workers(device) if workers is None else workers
+    dealt: list[list[Any]] = [[] for _ in range(max(1, min(workers, len(groups))))]
+    for group in sorted(groups.values(), key=len, reverse=True):  # the largest first, to the least loaded
+        min(dealt, key=len).extend(group)
+    parts = [
+        name
+        for name, wanted in (("torch.compile", backend), ("kernelgate", kernelgate), ("Liger-Kernel", liger))
+        if wanted
+    ]
     start = time.perf_counter()
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     compiled = failed = 0
     with contextlib.ExitStack() as files:
         running = []
-        for index in range(min(workers, len(cases))):
-            jobs = {"device": str(device), "backward": backward, "backend": backend, "cases": cases[index::workers]}
+        for share in dealt if cases else []:
+            jobs = {
+                "device": str(device),
+                "backward": backward,
+                "backend": backend,
+                "kernelgate": kernelgate,
+                "liger": liger,
+                "cases": share,
+            }
             replies = files.enter_context(tempfile.TemporaryFile("w+"))  # a file: a worker never blocks on a pipe
             proc = subprocess.Popen(
                 [sys.executable, "-m", "kernelgate.bench.precompile"],
@@ -125,37 +167,85 @@ def precompile(
             for line in replies:
                 compiled += line.startswith("ok ")
                 failed += line.startswith("failed ")
-    return Precompiled(time.perf_counter() - start, len(cases), compiled, failed)
+    return Precompiled(time.perf_counter() - start, len(cases), compiled, failed, parts)
 
 
 def compile_cases(jobs: dict[str, Any]) -> list[str]:
     """Compile each of ``jobs["cases"]`` as the run will call it; one line per case, ``ok`` or ``failed ...``."""
-    from kernelgate.bench.runner import _autograd_step, _dynamo_limits, case_args
+    from kernelgate.bench.runner import _dynamo_limits, case_args
     from kernelgate.bench.specs import SPECS
     from kernelgate.bench.suite import DTYPES, Case
+    from kernelgate.compile_ahead import compiling_untuned_buckets
+    from kernelgate.dispatch import use_mode
     from kernelgate.op import get_op
+    from kernelgate.settings import configure, settings
 
     device = torch.device(jobs["device"])
     specs = {spec.op: spec for spec in SPECS}
     compiled: dict[str, Any] = {}
     lines = []
-    with _dynamo_limits():
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_dynamo_limits())
+        if jobs.get("kernelgate"):
+            # Untuned, so nothing is timed here and no decision made: a scratch cache, the launch log off.
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="kernelgate-precompile-"))
+            stack.callback(configure, **dataclasses.asdict(settings()))
+            configure(tune=False, warn_fallback=False, log_path=None, cache_dir=Path(scratch))
+            stack.enter_context(use_mode("auto"))
+            stack.enter_context(compiling_untuned_buckets())
         for name, dtype, shape in jobs["cases"]:
             spec = specs[name]
-            if name not in compiled:  # one compiled function per op, as the run keeps
-                compiled[name] = torch.compile(get_op(name).reference, dynamic=False, backend=jobs["backend"])
-            fn = compiled[name]
             try:
                 fwd_args, bwd_args = case_args(spec, DTYPES[dtype], Case(tuple(shape)), device)
-                fn(*fwd_args)
-                if jobs["backward"]:
-                    _autograd_step(fn, bwd_args, spec.grad_args)()()
-                lines.append(f"ok {name} {dtype} {shape}")
+                if jobs.get("backend") and name not in compiled:  # one compiled function per op, as the run keeps
+                    compiled[name] = torch.compile(get_op(name).reference, dynamic=False, backend=jobs["backend"])
+                steps = _case_steps(jobs, spec, compiled.get(name), fwd_args, bwd_args)
             except Exception as err:  # the run meets the same failure and reports it in its rows
                 lines.append(f"failed {name} {dtype} {shape}: {type(err).__name__}: {err}".replace("\n", " ")[:300])
+                continue
+            failures = []
+            for part, step in steps:
+                try:
+                    step()
+                except Exception as err:
+                    failures.append(f"{part}: {type(err).__name__}: {err}")
+            if failures:
+                lines.append(f"failed {name} {dtype} {shape}: {'; '.join(failures)}".replace("\n", " ")[:300])
+            else:
+                lines.append(f"ok {name} {dtype} {shape}")
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return lines
+
+
+def _case_steps(
+    jobs: dict[str, Any],
+    spec: BenchSpec,
+    compiled: Callable[..., Any] | None,
+    fwd_args: tuple[Any, ...],
+    bwd_args: tuple[Any, ...],
+) -> list[tuple[str, Callable[[], Any]]]:
+    """(what, a call as the run makes it) for each part ``jobs`` asks for: the forward, and with ``backward`` the
+    forward+backward step (its first call makes it, the second runs it)."""
+    from kernelgate.bench.runner import _autograd_step
+    from kernelgate.op import get_op
+
+    steps: list[tuple[str, Callable[[], Any]]] = []
+
+    def add(part: str, forward: Callable[..., Any], backward: Callable[..., Any]) -> None:
+        steps.append((part, functools.partial(forward, *fwd_args)))
+        if jobs["backward"]:
+            make = _autograd_step(backward, bwd_args, spec.grad_args)
+            steps.append((part, lambda: make()()))
+
+    if compiled is not None:
+        add("torch.compile", compiled, compiled)
+    if jobs.get("kernelgate"):
+        add("kernelgate", get_op(spec.op), get_op(spec.op))
+    if jobs.get("liger") and spec.liger is not None:
+        with contextlib.suppress(ImportError):  # no counterpart in this Liger-Kernel: the run's row says so
+            add("Liger-Kernel", spec.liger(fwd_args), spec.liger(bwd_args))
+    return steps
 
 
 def main() -> int:

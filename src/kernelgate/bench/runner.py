@@ -452,7 +452,9 @@ def _triton_impl(
     return result
 
 
-def _liger_impl(spec: BenchSpec, fwd_args: tuple[Any, ...], bwd_args: tuple[Any, ...], version: str) -> _Impl | None:
+def _liger_impl(
+    spec: BenchSpec, fwd_args: tuple[Any, ...], bwd_args: tuple[Any, ...], version: str, ahead_note: str = ""
+) -> _Impl | None:
     if spec.liger is None or not version:
         return None
     try:
@@ -464,7 +466,7 @@ def _liger_impl(spec: BenchSpec, fwd_args: tuple[Any, ...], bwd_args: tuple[Any,
         "liger",
         lambda: fwd_fn(*fwd_args),
         _autograd_step(bwd_fn, bwd_args, spec.grad_args),
-        note=f"Liger-Kernel {version}",
+        note=f"Liger-Kernel {version}{ahead_note}",
     )
 
 
@@ -514,6 +516,7 @@ class _Runner:
         interpret: bool,
         deadline: float | None = None,
         compile_note: str = "",
+        ahead_note: str = "",
     ) -> None:
         self.device = device
         self.timing = timing
@@ -529,6 +532,8 @@ class _Runner:
         self.interpret = interpret
         self.deadline = deadline  # time.monotonic() after which no case starts
         self.compile_note = compile_note  # how torch.compile's graphs were compiled, when ahead of the run
+        # Said of kernelgate's and Liger-Kernel's rows where their kernels were compiled ahead of the run.
+        self.ahead_note = ahead_note
 
     def op_rows(
         self, spec: BenchSpec, cases: Sequence[tuple[str, Case]], on_case: Callable[[], None]
@@ -596,7 +601,7 @@ class _Runner:
             config = ",".join(f"{k}={v}" for k, v in sorted(plan.config.items())) if plan.config else ""
             detail = f": {plan.detail}" if plan.detail and plan.implementation is None else ""
             chosen = plan.name + (f"[{config}]" if config else "")
-            note = f"auto: {chosen} ({plan.reason}{detail}); planned in {tune_ms:.0f} ms"
+            note = f"auto: {chosen} ({plan.reason}{detail}); planned in {tune_ms:.0f} ms{self.ahead_note}"
             kg_step = _autograd_step(op, bwd_args, spec.grad_args)
             impls.append(_Impl("kernelgate", lambda: op(*fwd_args), kg_step, note, setup_ms=tune_ms))
             for name, choice in _decision(op, fwd_args, plan).items():
@@ -604,7 +609,7 @@ class _Runner:
                     impls.append(_Impl(f"triton:{name}", skip=f"no configuration passed tuning: {choice}"))
                 else:
                     impls.append(_triton_impl(op, fwd_args, choice, self.interpret))
-        liger = _liger_impl(spec, fwd_args, bwd_args, self.liger_version)
+        liger = _liger_impl(spec, fwd_args, bwd_args, self.liger_version, self.ahead_note)
         if liger is not None:
             impls.append(liger)
 
@@ -926,12 +931,25 @@ def run(
             copy_gbps=round(copy, 1),
             started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
-        compile_note = ""
-        if compile and precompile_workers != 0 and device.type == "cuda" and compile_backend == "inductor" and plan:
+        compile_note = ahead_note = ""
+        if precompile_workers != 0 and device.type == "cuda" and plan:
             workers = default_workers(device) if precompile_workers is None else precompile_workers
-            ahead = precompile(plan, device, backward=backward, workers=workers)
-            if ahead.compiled:
+            inductor = compile and compile_backend == "inductor"
+            ahead = precompile(
+                plan,
+                device,
+                backward=backward,
+                workers=workers,
+                backend="inductor" if inductor else None,
+                kernelgate=True,
+                liger=liger and bool(provenance.liger_version),
+            )
+            if ahead.compiled and inductor:
                 compile_note = f"; {ahead.compiled} of {ahead.jobs} cases' graphs compiled ahead by worker processes"
+            if ahead.compiled:
+                ahead_note = (
+                    f"; its kernels compiled ahead by worker processes ({ahead.compiled} of {ahead.jobs} cases)"
+                )
             if console is not None:
                 console.print(f"{ahead} ({workers} worker processes)")
         runner = _Runner(
@@ -945,6 +963,7 @@ def run(
             interpret=interpret,
             deadline=deadline,
             compile_note=compile_note,
+            ahead_note=ahead_note,
         )
         if console is not None:
             console.print(

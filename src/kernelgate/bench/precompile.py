@@ -242,7 +242,8 @@ def _case_steps(
         add("torch.compile", compiled, compiled)
     if jobs.get("kernelgate"):
         add("kernelgate", get_op(spec.op), get_op(spec.op))
-    if jobs.get("liger") and spec.liger is not None:
+    # Liger-Kernel launches compiled Triton kernels: on GPUs only, as the run measures it.
+    if jobs.get("liger") and spec.liger is not None and torch.device(jobs["device"]).type == "cuda":
         with contextlib.suppress(ImportError):  # no counterpart in this Liger-Kernel: the run's row says so
             add("Liger-Kernel", spec.liger(fwd_args), spec.liger(bwd_args))
     return steps

@@ -795,6 +795,34 @@ def test_cases_sharing_kernels_go_to_one_worker(monkeypatch: pytest.MonkeyPatch)
     assert str(done).startswith("kernelgate ahead: 0 of 5 case(s) compiled in ")
 
 
+def test_the_precompile_summary_names_the_part_each_failure_was_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's failed lines name the part that failed (Liger-Kernel refusing a shape, say): the summary counts the
+    failed cases, and how many failed in each part."""
+    from kernelgate.bench import precompile as module
+
+    replies = [
+        "ok softmax float32 [8, 16]\n",
+        "failed softmax float32 [8, 32]: Liger-Kernel: RuntimeError: n exceeds the block size\n",
+        "failed softmax float32 [8, 64]: torch.compile: BackendCompilerFailed: x; Liger-Kernel: RuntimeError: y\n",
+    ]
+
+    class Worker:
+        def __init__(self, argv: list[str], stdin: Any, stdout: Any, **kwargs: Any) -> None:
+            self.stdin, self.stdout = io.StringIO(), stdout
+
+        def wait(self, timeout: float) -> int:
+            self.stdout.writelines(replies)
+            return 0
+
+    monkeypatch.setattr(module.subprocess, "Popen", Worker)
+    spec = bench.spec_for("softmax")
+    cases = [("float32", bench.Case((8, n))) for n in (16, 32, 64)]
+    done = precompile([(spec, cases)], torch.device("cpu"), backward=False, workers=1, liger=True)
+    assert (done.jobs, done.compiled, done.failed) == (3, 1, 2)
+    assert str(done).startswith("torch.compile, Liger-Kernel ahead: 1 of 3 case(s) compiled in ")
+    assert str(done).endswith(" s, 2 failed (torch.compile 1, Liger-Kernel 2)"), str(done)
+
+
 def test_a_worker_out_of_time_is_stopped_and_its_cases_left_to_the_run() -> None:
     """A worker still running at the time limit is killed, and its cases are counted as not answered."""
     spec = bench.spec_for("softmax")

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,17 +79,27 @@ class Precompiled:
     """What :func:`precompile` did: ``seconds`` spent, ``jobs`` given out, how many were ``compiled``
     and how many ``failed`` (the run compiles whatever is missing itself, and reports any failure in
     its rows; a worker that died or ran out of time answers for none of its jobs); ``parts``: what was
-    compiled ahead (torch.compile's graphs, kernelgate's candidates, Liger-Kernel's kernels)."""
+    compiled ahead (torch.compile's graphs, kernelgate's candidates, Liger-Kernel's kernels); ``failed_by``: of the
+    failed cases, how many failed in each part (Liger-Kernel refusing a shape is one)."""
 
     def __init__(
-        self, seconds: float, jobs: int, compiled: int, failed: int, parts: Sequence[str] = ("torch.compile",)
+        self,
+        seconds: float,
+        jobs: int,
+        compiled: int,
+        failed: int,
+        parts: Sequence[str] = ("torch.compile",),
+        failed_by: Mapping[str, int] | None = None,
     ) -> None:
         self.seconds, self.jobs, self.compiled, self.failed = seconds, jobs, compiled, failed
         self.parts = tuple(parts)
+        self.failed_by = dict(failed_by or {})
 
     def __str__(self) -> str:
         missing = self.jobs - self.compiled - self.failed
-        tail = "".join(f", {n} {what}" for n, what in ((self.failed, "failed"), (missing, "not answered")) if n)
+        which = ", ".join(f"{part} {n}" for part, n in self.failed_by.items() if n)
+        failed = f"failed ({which})" if which else "failed"
+        tail = "".join(f", {n} {what}" for n, what in ((self.failed, failed), (missing, "not answered")) if n)
         return (
             f"{', '.join(self.parts)} ahead: {self.compiled} of {self.jobs} case(s) compiled in "
             f"{self.seconds:.0f} s{tail}"
@@ -133,6 +143,7 @@ def precompile(
     start = time.perf_counter()
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     compiled = failed = 0
+    failed_by = dict.fromkeys(parts, 0)  # a failing part's lines name it: "failed op dtype shape: part: error"
     with contextlib.ExitStack() as files:
         running = []
         for share in dealt if cases else []:
@@ -166,8 +177,11 @@ def precompile(
             replies.seek(0)
             for line in replies:
                 compiled += line.startswith("ok ")
-                failed += line.startswith("failed ")
-    return Precompiled(time.perf_counter() - start, len(cases), compiled, failed, parts)
+                if line.startswith("failed "):
+                    failed += 1
+                    for part in failed_by:
+                        failed_by[part] += f": {part}: " in line or f"; {part}: " in line
+    return Precompiled(time.perf_counter() - start, len(cases), compiled, failed, parts, failed_by)
 
 
 def compile_cases(jobs: dict[str, Any]) -> list[str]:

@@ -18,6 +18,9 @@
 #                                     BASE_SRC with `git archive BASE src | tar -x -C DIR` and pass DIR/src;
 #                                     TREE_SRC and TREE_COMMIT put another kernelgate's sources in this tree's place
 #   benchmarks/run_gpu.sh variants OUT benchmarks/layer_norm_variants.py
+#   benchmarks/run_gpu.sh counters OUT Nsight Compute's counters (ncu) of benchmarks/run_kernel.py's second launch for
+#                                     each of CASES, space-separated op:shape:dtype:impl:config (the config's
+#                                     commas kept, e.g. softmax:512x131072:bfloat16:split_rows:BLOCK_N=8192,num_warps=8)
 # Everything is written under OUT (default ./gpu-out), then packed into OUT.tar.gz. The device returns
 # at most 8 files, and nothing of a call killed at its time limit except what is already there, so
 # every step stops by BUDGET seconds (default 570) and the packing always runs.
@@ -100,10 +103,25 @@ for key, tree in rows["tree"].items():
     base = rows["base"].get(key)
     print(*key, base["frac_of_copy"][:5] if base else "-", tree["frac_of_copy"][:5], tree["note"][:60])
 PY
+elif [ "$part" = counters ]; then
+  # The clocks left as found (--clock-control none); the first launch compiles and is skipped.
+  for case in ${CASES:-}; do
+    IFS=: read -r op shape dtype impl config <<< "$case"
+    name="$op-$shape-$dtype-$impl-${config//[=,]/-}"
+    within_budget ncu --clock-control none --kernel-name regex:^_ --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section SchedulerStats -o "$out/$name" \
+      python3 benchmarks/run_kernel.py --op "$op" --shape "$shape" --dtype "$dtype" --impl "$impl" --config "$config" \
+      > "$out/$name.log" 2>&1
+    echo "$case rc=$?"
+    within_budget ncu --import "$out/$name.ncu-rep" --page details > "$out/$name.txt" 2>&1 && grep -E \
+      "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Stall" \
+      "$out/$name.txt" | head -20
+  done
 elif [ "$part" = variants ]; then
   within_budget python3 benchmarks/layer_norm_variants.py --out "$out/layer-norm-variants.json" > "$out/layer-norm-variants.txt" 2>&1
   echo "layer_norm_variants rc=$?"; cat "$out/layer-norm-variants.txt"
 else
-  echo "usage: benchmarks/run_gpu.sh tests|extras|bench|profile|ab|variants [OUT]" >&2; exit 2
+  echo "usage: benchmarks/run_gpu.sh tests|extras|bench|profile|ab|variants|counters [OUT]" >&2; exit 2
 fi
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"

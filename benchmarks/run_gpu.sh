@@ -17,7 +17,8 @@
 #                                     --suite benchmarks/long-rows.json --no-backward --no-compile --no-liger); make
 #                                     BASE_SRC with `git archive BASE src | tar -x -C DIR` and pass DIR/src;
 #                                     TREE_SRC and TREE_COMMIT put another kernelgate's sources in this tree's place
-#   benchmarks/run_gpu.sh variants OUT benchmarks/layer_norm_variants.py
+#   benchmarks/run_gpu.sh variants OUT benchmarks/$VARIANTS.py (default layer_norm_variants; split_rows_variants too)
+#                                     with VARIANT_ARGS (e.g. "--op softmax --lengths 65536 131072")
 #   benchmarks/run_gpu.sh counters OUT Nsight Compute's counters (ncu) of benchmarks/run_kernel.py's second launch for
 #                                     each of CASES, space-separated op:shape:dtype:impl:config (the config's
 #                                     commas kept, e.g. softmax:512x131072:bfloat16:split_rows:BLOCK_N=8192,num_warps=8)
@@ -119,8 +120,10 @@ elif [ "$part" = counters ]; then
       "$out/$name.txt" | head -20
   done
 elif [ "$part" = variants ]; then
-  within_budget python3 benchmarks/layer_norm_variants.py --out "$out/layer-norm-variants.json" > "$out/layer-norm-variants.txt" 2>&1
-  echo "layer_norm_variants rc=$?"; cat "$out/layer-norm-variants.txt"
+  script=${VARIANTS:-layer_norm_variants}
+  # shellcheck disable=SC2086
+  within_budget python3 "benchmarks/$script.py" ${VARIANT_ARGS:-} --out "$out/$script.json" > "$out/$script.txt" 2>&1
+  echo "$script rc=$?"; cat "$out/$script.txt"
 else
   echo "usage: benchmarks/run_gpu.sh tests|extras|bench|profile|ab|variants|counters [OUT]" >&2; exit 2
 fi

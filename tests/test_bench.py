@@ -750,10 +750,31 @@ def test_a_case_a_worker_cannot_compile_is_reported_and_the_rest_go_on() -> None
     assert lines[0].startswith("failed softmax float32 [-1, 8]: ") and lines[1] == "ok softmax float32 [2, 8]"
 
 
-def test_a_worker_asked_for_kernelgate_and_liger_leaves_the_settings_and_the_decisions_as_they_were() -> None:
-    """A worker's kernelgate part runs with tuning off into a scratch decision cache and restores the settings
-    afterwards; Liger-Kernel's part, off a GPU, is left out (the run measures Liger-Kernel on GPUs only)."""
+def test_a_worker_asked_for_kernelgate_and_liger_leaves_the_settings_and_the_decisions_as_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's kernelgate part runs with tuning off, into a scratch decision cache, with untuned buckets compiling
+    their candidates, and the settings are restored afterwards; Liger-Kernel's part, off a GPU, is left out (the run
+    measures Liger-Kernel on GPUs only)."""
+    from kernelgate import compile_ahead
+    from kernelgate.bench import precompile as module
+
     before = kernelgate.settings()
+    seen: list[tuple[str, bool, Path | None, bool]] = []
+    case_steps = module._case_steps
+
+    def watched(*args: Any) -> list[tuple[str, Callable[[], Any]]]:
+        def watch(part: str, step: Callable[[], Any]) -> Callable[[], Any]:
+            def run() -> Any:
+                now = kernelgate.settings()
+                seen.append((part, now.tune, now.cache_dir, compile_ahead.compiling_untuned()))
+                return step()
+
+            return run
+
+        return [(part, watch(part, step)) for part, step in case_steps(*args)]
+
+    monkeypatch.setattr(module, "_case_steps", watched)
     jobs = {
         "device": "cpu",
         "backward": True,
@@ -763,8 +784,9 @@ def test_a_worker_asked_for_kernelgate_and_liger_leaves_the_settings_and_the_dec
         "cases": [["softmax", "float32", [2, 8]], ["rms_norm", "float32", [2, 8]]],
     }
     assert compile_cases(jobs) == ["ok softmax float32 [2, 8]", "ok rms_norm float32 [2, 8]"]
-    assert kernelgate.settings() == before
-    assert not before.cache_dir or not any(Path(before.cache_dir).rglob("*.json")), "no decision was written"
+    assert [part for part, *_ in seen] == ["kernelgate"] * 4, "forward and forward+backward of each case, no Liger"
+    assert all(not tune and cache not in (None, before.cache_dir) and untuned for _, tune, cache, untuned in seen), seen
+    assert kernelgate.settings() == before and not compile_ahead.compiling_untuned()
 
 
 def test_cases_sharing_kernels_go_to_one_worker(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -127,10 +127,10 @@ def precompile(
     plumbing; ``None``: not compiled), with ``kernelgate``'s candidates, with ``liger``'s kernels.
     """
     cases = [(spec.op, dtype, list(case.shape)) for spec, op_cases in plan for dtype, case in op_cases]
-    lengths = {spec.op: spec for spec, _ in plan}
+    specs = {spec.op: spec for spec, _ in plan}
     groups: dict[tuple[str, str, int], list[Any]] = {}
     for op, dtype, shape in cases:
-        groups.setdefault((op, dtype, lengths[op].rows_and_length(tuple(shape))[1]), []).append([op, dtype, shape])
+        groups.setdefault((op, dtype, specs[op].rows_and_length(tuple(shape))[1]), []).append([op, dtype, shape])
     workers = default_workers(device) if workers is None else workers
     dealt: list[list[Any]] = [[] for _ in range(max(1, min(workers, len(groups))))]
     for group in sorted(groups.values(), key=len, reverse=True):  # the largest first, to the least loaded

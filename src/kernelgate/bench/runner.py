@@ -825,10 +825,11 @@ def run(
         backward: also measure forward+backward.
         compile: also measure ``torch.compile`` of the reference.
         compile_backend: the ``backend`` given to ``torch.compile`` (a name or a callable).
-        precompile_workers: on a GPU with the inductor backend, processes that compile torch.compile's
-            graphs for the whole run before it measures (:mod:`kernelgate.bench.precompile`), so its
-            first calls load them from inductor's caches; 0: each first call compiles; default
-            (``None``): :func:`~kernelgate.bench.precompile.default_workers`.
+        precompile_workers: on a GPU, processes that compile for the whole run before it measures
+            (:mod:`kernelgate.bench.precompile`): torch.compile's graphs (inductor backend), every tuning
+            candidate of the buckets kernelgate's calls meet, and Liger-Kernel's kernels, so that first calls and
+            tuning load them from the caches; 0: each first call compiles; default (``None``):
+            :func:`~kernelgate.bench.precompile.default_workers`.
         liger: also measure Liger-Kernel where it is installed and has the op.
         interpret: run the Triton implementations through Triton's interpreter (CPU tensors).
         warmup_ms, rep_ms: ``do_bench``'s warm-up and measuring time per measurement (GPU).

@@ -16,22 +16,18 @@ a clock each), against 63 us for the copy. The variants:
 - ``split_one_exp_volatile``: that, polling with a volatile load and acquiring once the count is complete.
 - ``single_block_reciprocal``, ``persistent_reciprocal``: the package's single-block and persistent kernels with
   ``e * (1 / s)`` for ``e / s``.
-- ``split_exp2``: the package's split_rows kernel (its wait, its one exponential an element) with each block's
-  ``exp(x - m_block)`` taken as ``exp2((x - m_block) * log2(e))``. ``tl.exp`` does that arithmetic too, but its
-  ``ex2`` keeps denormal results, which Triton 3.6 compiles for sm_90 with a compare and two predicated multiplies
-  around each exponential; ``tl.exp2``'s flushes them to zero (terms below 1.2e-38 of the block's max). With the
-  block's max taken as 0 where it is -inf, a -inf term is ``exp2(-inf)``, 0, with no select an element. Compiled for
-  sm_90 at bf16 512x131072, BLOCK_N 8192 and 8 warps: 504 instructions against the package's 648
-  (``benchmarks/results/h200/counters-split-rows-722d46b/``).
-- ``looped`` (the package's) and ``looped_exp2``: the looped forward, which reads a row twice, with both passes'
-  exponentials through ``tl.exp2`` the same way (the running max taken as 0 while it is -inf). Compiled for sm_90 at
-  bf16 1024x65536, BLOCK_N 8192 and 16 warps: 472 instructions against the package's 624, 63 registers against 64.
 - for rms_norm, ``split_rows`` (the package's), ``split_last`` and ``split_volatile``: the waits above.
 
 The results at 3296d94 (``benchmarks/results/h200/split-rows-variants-3296d94/``) made the package's split_rows
 kernels wait as ``split_one_exp_last`` does, and its softmax forward take one exponential an element: from then
 on ``split_rows`` here is that kernel, and ``split_one_exp`` and ``split_last`` measure the waits it replaced
 only in name (they keep the old poll: ``WAIT_PACKAGE`` below is the wait of 3296d94).
+
+Two more variants, timed at 0e3534d (``benchmarks/results/h200/split-rows-exp2-0e3534d/``), took each element's
+``exp(x - m)`` as ``exp2((x - m) * log2(e))`` with m read as 0 where it is -inf: in the split kernel's blocks
+(``split_exp2``) and in both passes of the looped one (``looped_exp2``). The package's kernels took them from then
+on (``kernelgate.ops.tiles.exp_below_max``: the looped forwards in every dtype, the split forwards' blocks in 16-bit
+ones), and the copies left this script.
 
 For each dtype and row length (rows chosen so that x is about 128 MiB), each runs at every configuration that
 suits the row, compiled ahead in worker processes; each is checked against the reference (the package's
@@ -62,7 +58,7 @@ import kernelgate
 from kernelgate import rowwise
 from kernelgate.launch import LazyKernel
 from kernelgate.op import Op, TritonImpl
-from kernelgate.ops.split_rows import leave_row, load_row_partials, split_row_block, wait_for_row
+from kernelgate.ops.split_rows import load_row_partials, split_row_block
 from kernelgate.ops.tiles import load_tile, store_tile
 
 rms_norm_module = importlib.import_module("kernelgate.ops.rms_norm")
@@ -72,7 +68,6 @@ EPS = 1e-6
 # The ways a program waits for its row's others: the package's at 3296d94 (an acquire poll by atomic add), the last
 # arriver skipping the poll, and a volatile-load poll with one acquire at its end.
 WAIT_PACKAGE, WAIT_LAST, WAIT_VOLATILE = 0, 1, 2
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
 
 
 @triton.jit
@@ -117,64 +112,6 @@ def _softmax_one_exp_kernel(
         s = tl.sum(s_parts * rescale, axis=0)
         y = e * (tl.exp(m_part - m) / s)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
-
-
-@triton.jit
-def _softmax_exp2_kernel(
-    x_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, PHASE: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False,
-):  # fmt: skip
-    row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
-    partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
-    x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
-    m_part = tl.max(x, axis=0) if PHASE != 2 else tl.load(partial_row + part)
-    e = tl.exp2((x - tl.where(m_part == -float("inf"), 0.0, m_part)) * LOG2E)
-    if PHASE != 2:
-        tl.store(partial_row + part, m_part)
-        tl.store(partial_row + SPLIT_BLOCK + part, tl.sum(e, axis=0))
-    if PHASE == 0:
-        wait_for_row(arrived_ptr, row, n_split)
-    if PHASE != 1:
-        m_parts = load_row_partials(partial_row, 0, n_split, -float("inf"), SPLIT_BLOCK)
-        s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
-        if PHASE == 0:
-            leave_row(arrived_ptr, row, part, n_split)
-        m = tl.max(m_parts, axis=0)
-        rescale = tl.where(m_parts == -float("inf"), 0.0, tl.exp(m_parts - tl.where(m == -float("inf"), 0.0, m)))
-        s = tl.sum(s_parts * rescale, axis=0)
-        y = e * (tl.exp(m_part - m) / s)
-        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
-
-
-@triton.jit
-def _softmax_looped_exp2_kernel(
-    x_ptr, y_ptr, stride_xm, stride_ym, n_cols, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False
-):  # fmt: skip
-    # The package's looped forward (one running max a row, the next block's load issued ahead), exp2 for exp.
-    row = tl.program_id(0)
-    x_row = x_ptr + row * stride_xm
-    y_row = y_ptr + row * stride_ym
-    m = tl.full([], -float("inf"), tl.float32)
-    s = tl.zeros([BLOCK_N], tl.float32)
-    offsets = tl.arange(0, BLOCK_N)
-    last_start = (n_cols - 1) // BLOCK_N * BLOCK_N
-    x_next = load_tile(x_row + offsets, offsets < n_cols, -float("inf"), EVEN_N, "evict_last")
-    for start in range(0, n_cols, BLOCK_N):
-        x = x_next.to(tl.float32)
-        next_cols = tl.minimum(start + BLOCK_N, last_start) + offsets
-        x_next = load_tile(x_row + next_cols, next_cols < n_cols, -float("inf"), EVEN_N, "evict_last")
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        alpha = tl.where(m == -float("inf"), 0.0, tl.exp(m - m_new))
-        s = s * alpha + tl.exp2((x - tl.where(m_new == -float("inf"), 0.0, m_new)) * LOG2E)
-        m = m_new
-    total = tl.sum(s, axis=0)
-    base = tl.where(m == -float("inf"), 0.0, m)
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + offsets
-        mask = cols < n_cols
-        x = load_tile(x_row + cols, mask, -float("inf"), EVEN_N, "evict_first").to(tl.float32)
-        y = tl.exp2((x - base) * LOG2E) / total
-        store_tile(y_row + cols, y.to(y_row.dtype.element_ty), mask, EVEN_N, "evict_first")
 
 
 @triton.jit
@@ -228,8 +165,6 @@ def _rms_norm_wait_kernel(
 
 _STEM = Path(__file__).stem
 SOFTMAX_ONE_EXP = LazyKernel(_STEM, "_softmax_one_exp_kernel")
-SOFTMAX_EXP2 = LazyKernel(_STEM, "_softmax_exp2_kernel")
-SOFTMAX_LOOPED_EXP2 = LazyKernel(_STEM, "_softmax_looped_exp2_kernel")
 SOFTMAX_RECIPROCAL = LazyKernel(_STEM, "_softmax_reciprocal_kernel")
 SOFTMAX_PERSISTENT_RECIPROCAL = LazyKernel(_STEM, "_softmax_persistent_reciprocal_kernel")
 RMS_NORM_WAIT = LazyKernel(_STEM, "_rms_norm_wait_kernel")
@@ -252,28 +187,6 @@ def _softmax_split_variant(name: str, wait: int) -> TritonImpl:
         return y
 
     return dataclasses.replace(package, name=name, launcher=launch, kernels=(SOFTMAX_ONE_EXP,))
-
-
-def _softmax_exp2_variant() -> TritonImpl:
-    package = _package(kernelgate.softmax, "split_rows")
-
-    def launch(x: torch.Tensor, dim: int = -1, *, config: Any) -> torch.Tensor:
-        rows = rowwise.as_rows(x, "x")
-        y = torch.empty_like(x)
-        rowwise.launch_split_rows(
-            SOFTMAX_EXP2, rows, (rows.tensor, y), (rows.stride, rows.n_cols), (), 2, config=config,
-            EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
-        )  # fmt: skip
-        return y
-
-    return dataclasses.replace(package, name="split_exp2", launcher=launch, kernels=(SOFTMAX_EXP2,))
-
-
-def _softmax_looped_exp2_variant() -> TritonImpl:
-    """The looped implementation built on the exp2 kernel (the single-block one unused)."""
-    single = SOFTMAX_RECIPROCAL  # never selected: along_dim_impls needs one
-    looped = next(i for i in rowwise.along_dim_impls(single, SOFTMAX_LOOPED_EXP2) if i.name == "looped")
-    return dataclasses.replace(looped, name="looped_exp2")
 
 
 def _softmax_reciprocal_variants() -> list[TritonImpl]:
@@ -306,9 +219,7 @@ def variants(op_name: str) -> list[TritonImpl]:
             _softmax_split_variant("split_one_exp", WAIT_PACKAGE),
             _softmax_split_variant("split_one_exp_last", WAIT_LAST),
             _softmax_split_variant("split_one_exp_volatile", WAIT_VOLATILE),
-            _softmax_exp2_variant(),
             _package(kernelgate.softmax, "looped"),
-            _softmax_looped_exp2_variant(),
             _package(kernelgate.softmax, "single_block"),
             _package(kernelgate.softmax, "persistent"),
             *_softmax_reciprocal_variants(),

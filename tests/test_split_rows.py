@@ -48,11 +48,13 @@ def test_split_rows_forward_matches_the_reference(target: torch.device, op: Op, 
     assert_close(y, op.reference(x, -1), reduction_length=x.shape[-1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("op", FORWARDS, ids=lambda op: op.name)
-def test_split_rows_forward_of_special_rows(target: torch.device, op: Op) -> None:
-    """A row of only -inf and a row holding a NaN give NaN rows, as in torch, and leave the other rows right; rows
-    along another dimension than the last, whose length divides into whole blocks, run too."""
-    x = _rows((4, 16896), torch.float32, target)
+def test_split_rows_forward_of_special_rows(target: torch.device, op: Op, dtype: torch.dtype) -> None:
+    """A row of only -inf and a row holding a NaN give NaN rows, as in torch, and leave the other rows right, in
+    float32 and in bfloat16 (whose blocks' exponentials take the exp2 form, kernelgate.ops.tiles.exp_below_max);
+    rows along another dimension than the last, whose length divides into whole blocks, run too."""
+    x = _rows((4, 16896), dtype, target)
     x[2] = -INF
     x[3, 7] = float("nan")
     y = run_candidate(_split_rows(op), {"BLOCK_N": 2048, "num_warps": 4}, (x, -1), target.type == "cpu", poison=True)

@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from kernelgate.ops.split_rows import leave_row, load_row_partials, split_row_block, wait_for_row
+from kernelgate.ops.tiles import LOG2E
 
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2)
 
 

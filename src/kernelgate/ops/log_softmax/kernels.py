@@ -114,7 +114,7 @@ def _log_softmax_fwd_split_kernel(
     row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
     x_in = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "")
     _, _, m, s = split_row_exp_and_sum(x_in.to(tl.float32), partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row,
-                                       part, n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
+                                       part, n_split, PHASE, SPLIT_BLOCK, x_in.dtype != tl.float32)  # fmt: skip
     if PHASE != 1:
         y = (widen_after_wait(x_in) - m) - tl.log(s)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")

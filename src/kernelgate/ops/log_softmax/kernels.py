@@ -10,7 +10,7 @@ import triton.language as tl
 
 from kernelgate.ops.softmax.kernels import online_max_and_sum
 from kernelgate.ops.split_rows import split_row_block, split_row_exp_and_sum, split_row_sum, widen_after_wait
-from kernelgate.ops.tiles import load_tile, store_tile
+from kernelgate.ops.tiles import exp_below_max, load_tile, store_tile
 
 
 @triton.jit
@@ -30,8 +30,8 @@ def _log_softmax_fwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, -float("inf"), EVEN_N, "").to(tl.float32)
-    shifted = x - tl.max(x, axis=1)[:, None]
-    y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=1))[:, None]
+    m = tl.max(x, axis=1)[:, None]
+    y = (x - m) - tl.log(tl.sum(exp_below_max(x, m), axis=1))[:, None]
     store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
@@ -51,8 +51,8 @@ def _log_softmax_fwd_persistent_kernel(
     mask = cols < n_cols
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
-        shifted = x - tl.max(x, axis=0)
-        y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))
+        m = tl.max(x, axis=0)
+        y = (x - m) - tl.log(tl.sum(exp_below_max(x, m), axis=0))
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
@@ -133,7 +133,7 @@ def _log_softmax_bwd_kernel(
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + rows[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    dx = dy - tl.exp(y) * tl.sum(dy, axis=1)[:, None]
+    dx = dy - exp_below_max(y, 0.0) * tl.sum(dy, axis=1)[:, None]
     tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
@@ -160,7 +160,8 @@ def _log_softmax_bwd_looped_kernel(
             tl.float32
         )
         y = tl.load(y_ptr + row * stride_ym + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        tl.store(dx_ptr + row * stride_dxm + cols, (dy - tl.exp(y) * total).to(dx_ptr.dtype.element_ty), mask=mask)
+        dx = dy - exp_below_max(y, 0.0) * total
+        tl.store(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -181,5 +182,5 @@ def _log_softmax_bwd_split_kernel(
     total = split_row_sum(dy_in.to(tl.float32), partial_ptr + row * SPLIT_BLOCK, arrived_ptr, row, part, n_split, PHASE,
                           SPLIT_BLOCK)  # fmt: skip
     if PHASE != 1:
-        dx = widen_after_wait(dy_in) - tl.exp(widen_after_wait(y_in)) * total
+        dx = widen_after_wait(dy_in) - exp_below_max(widen_after_wait(y_in), 0.0) * total
         store_tile(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")

@@ -28,7 +28,7 @@ def _softmax_fwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     x = load_tile(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask, -float("inf"), EVEN_N, "").to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    e = exp_below_max(x, tl.max(x, axis=1)[:, None])
     y = e / tl.sum(e, axis=1)[:, None]
     store_tile(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
@@ -50,7 +50,7 @@ def _softmax_fwd_persistent_kernel(
     mask = cols < n_cols
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         x = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "").to(tl.float32)
-        e = tl.exp(x - tl.max(x, axis=0))
+        e = exp_below_max(x, tl.max(x, axis=0))
         y = e / tl.sum(e, axis=0)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 

@@ -115,7 +115,7 @@ def split_row_exp_and_sum(
 
     EXP2 takes ``e`` from :func:`~kernelgate.ops.tiles.exp_below_max` (callers set it for 16-bit inputs): at
     bfloat16 1024x65536 softmax went from 99.3 to 95.2 us on the H200, but at float32 it raised the kernel's
-    registers (48 to 54 at 8192 columns and 8 warps, a program fewer a multiprocessor) and 256x131072 went from
+    registers (256x131072 at 8192 columns and 8 warps: 48 to 54, a program fewer a multiprocessor) and went from
     75.9 to 78.4 us (benchmarks/results/h200/split-rows-exp2-0e3534d).
     """
     m_block = tl.max(x, axis=0) if PHASE != 2 else tl.load(partial_row + part)

@@ -1,6 +1,6 @@
 """``@triton.jit`` helpers shared by the row-wise kernels: loads and stores that drop their mask when told
 at compile time that every lane is in bounds, the backward kernels' loads of a tile of two tensors, and the
-shifted exponential of the softmax-like forwards.
+shifted exponential of the softmax and log_softmax kernels.
 
 A kernel passes ``UNMASKED`` as a compile-time flag (``EVEN_N``: the blocks tile the row exactly, set by
 the launcher). Masked, a float32 single-block rms_norm at rows of 32768 ran at 0.84 of copy on the H200,
@@ -69,14 +69,16 @@ def weighted_gradient(dy, w_ptr, w_kept, cols, col_mask, HAS_WEIGHT: tl.constexp
 
 @triton.jit
 def exp_below_max(x, m):
-    """``exp(x - m)`` where ``m`` is the max of the ``x`` (a scalar or broadcast; -inf where they all are), as
-    ``exp2((x - m) * log2(e))``: 0 where x is -inf, also when m is -inf (m is read as 0 there, where
-    ``exp(x - m)`` would be NaN); a NaN in x stays NaN, as in torch.
+    """``exp(x - m)`` where ``m`` is the max of the ``x``, or a bound above them such as 0 for log-probabilities
+    (a scalar or broadcast; -inf where the x all are), as ``exp2((x - m) * log2(e))``: 0 where x is -inf, also
+    when m is -inf (m is read as 0 there, where ``exp(x - m)`` would be NaN); a NaN in x stays NaN, as in torch.
 
     ``tl.exp`` compiles to an ``ex2.approx.f32`` that keeps denormals, so ptxas wraps each element's exponential
     in a compare and two predicated multiplies, and guarding -inf in x took a select an element more. Here a term
-    below 2**-126 is flushed to 0 instead (no sum that also holds the max's 1 can tell). On the H200 a bfloat16
-    looped softmax at 1024x65536 went from 93.9 to 82.3 us, the split one from 99.3 to 95.2
-    (benchmarks/results/h200/split-rows-exp2-0e3534d; 648 to 504 SASS instructions at 8192 columns and 8 warps).
+    below 2**-126 is flushed to 0 instead: next to the max's term of 1 in a sum it is lost anyway, and as a factor
+    (log_softmax's gradient, ``exp(y) * sum(dy)``) it moves the result by less than 2**-126 times the other. On the
+    H200 a bfloat16 looped softmax at 1024x65536 went from 93.9 to 82.3 us, the split one from 99.3 to 95.2
+    (benchmarks/results/h200/split-rows-exp2-0e3534d); compiled for sm_90, softmax's bf16 split kernel at 8192
+    columns and 8 warps went from 648 to 496 instructions.
     """
     return tl.exp2((x - tl.where(m == -float("inf"), 0.0, m)) * LOG2E)

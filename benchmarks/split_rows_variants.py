@@ -1,4 +1,5 @@
-"""softmax's and rms_norm's long-row forwards against variants of their kernels, on a GPU (or interpreted on the CPU).
+"""softmax's, rms_norm's and layer_norm's long-row forwards against variants of their kernels, on a GPU
+(or interpreted on the CPU).
 
 At 72566ba the split_rows forwards reached 0.74 to 0.80 of copy in float32 at rows of 65536 and 131072 and lost to
 the looped kernels (which read x twice) in bfloat16, and the single-block softmax forward at float32 1024x32768 0.88.
@@ -29,6 +30,21 @@ Two more variants, timed at 0e3534d (``benchmarks/results/h200/split-rows-exp2-0
 on (``kernelgate.ops.tiles.exp_below_max``: the looped forwards in every dtype, the split forwards' blocks in 16-bit
 ones), and the copies left this script.
 
+layer_norm's split forward in bfloat16 held 80 registers a thread at BLOCK_N 8192 and 8 warps (37.5 % occupancy,
+42 % of DRAM: ``benchmarks/results/h200/counters-split-rows-722d46b/``), and lost to the looped kernel. Its block
+statistics take two reductions in turn, the mean of ``d = x - k`` and then the squared deviations from it, so the
+float32 ``d`` stays live through the first beside the loaded block. The variants (the package's ``split_rows``,
+``looped`` and ``single_block`` beside them):
+
+- ``split_recompute``: in bfloat16, the second reduction forms ``d`` again from the loaded block by another route
+  (``widen_after_wait``'s shift), and the work after the wait by a third (an inline-assembly move of the bfloat16
+  into a word's high half), so only the loaded block stays live through either: 64 registers at 8192 and 8 warps,
+  40 at 8192 and 16 (64 in the package's). float32 keeps the package's statistics.
+- ``split_recompute_zext_after``: that, with the third route a zero-extending shift instead of the assembly (which
+  Triton's interpreter cannot run): 67 and 40.
+- ``split_pair_unsafe``: one reduction of the pair (sum of d, sum of d * d), the block's squared deviations taken
+  as their difference: its speed only, since that difference cancels where ``k`` lies far from the row's mean.
+
 For each dtype and row length (rows chosen so that x is about 128 MiB), each runs at every configuration that
 suits the row, compiled ahead in worker processes; each is checked against the reference (the package's
 tolerance) before it is timed (``do_bench``: L2 flushed, median). Results are fractions of a device-to-device copy
@@ -58,10 +74,12 @@ import kernelgate
 from kernelgate import rowwise
 from kernelgate.launch import LazyKernel
 from kernelgate.op import Op, TritonImpl
-from kernelgate.ops.split_rows import load_row_partials, split_row_block
+from kernelgate.ops.layer_norm.kernels import _add_pair, _block_stats
+from kernelgate.ops.split_rows import load_row_partials, split_row_block, split_row_pair, widen_after_wait
 from kernelgate.ops.tiles import load_tile, store_tile
 
 rms_norm_module = importlib.import_module("kernelgate.ops.rms_norm")
+layer_norm_module = importlib.import_module("kernelgate.ops.layer_norm")
 
 DEFAULT_LENGTHS = (32768, 65536, 131072)
 EPS = 1e-6
@@ -163,11 +181,78 @@ def _rms_norm_wait_kernel(
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
+@triton.jit
+def _widen_by_halves(narrow):
+    """A bfloat16 block in float32 by a third route (a 32-bit word of zero low half and the bfloat16 as its high
+    half), which the compiler merges with neither ``.to(tl.float32)`` nor ``widen_after_wait``'s shift."""
+    return tl.inline_asm_elementwise(
+        "mov.b32 $0, {0, $1};", "=r,h", [narrow.to(tl.int16, bitcast=True)], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _layer_norm_stats_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False, STATS: tl.constexpr = 0,
+):  # fmt: skip
+    row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
+    x_row = x_ptr + row * stride_xm
+    x_in = load_tile(x_row + cols, mask, 0.0, EVEN_N, "")
+    k = tl.load(x_row).to(tl.float32)
+    count = tl.minimum(n_cols - part * BLOCK_N, BLOCK_N).to(tl.float32)
+    if STATS == 2:
+        # One reduction of the pair (sum d, sum d*d) about the row's first element: the speed it would have, not
+        # a safe form (the block's squared deviations come out of a difference).
+        d = x_in.to(tl.float32) - k
+        if not EVEN_N:
+            d = tl.where(mask, d, 0.0)
+        s1, s2 = tl.reduce((d, d * d), 0, _add_pair)
+        mean_part = s1 / count
+        m2_part = tl.maximum(s2 - s1 * mean_part, 0.0)
+    elif STATS >= 1 and x_in.dtype == tl.bfloat16:
+        # The package's statistics, with the deviations formed again for the second reduction by a route the
+        # compiler does not merge with the first's, so only the loaded block stays live across the first.
+        d = x_in.to(tl.float32) - k
+        if not EVEN_N:
+            d = tl.where(mask, d, 0.0)
+        mean_part = tl.sum(d, axis=0) / count
+        e = (widen_after_wait(x_in) - k) - mean_part
+        if not EVEN_N:
+            e = tl.where(mask, e, 0.0)
+        m2_part = tl.sum(e * e, axis=0)
+    else:
+        mean_part, m2_part = _block_stats(x_in.to(tl.float32), mask, k, count, EVEN_N)
+    means, m2s = split_row_pair(mean_part, m2_part, partial_ptr + row * (2 * SPLIT_BLOCK), arrived_ptr, row, part,
+                                n_split, PHASE, SPLIT_BLOCK)  # fmt: skip
+    if PHASE != 1:
+        parts = tl.arange(0, SPLIT_BLOCK)
+        counts = tl.minimum(tl.maximum(n_cols - parts * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+        mean = tl.sum(counts * means, axis=0) / n_cols
+        spread = means - mean
+        var = (tl.sum(m2s, axis=0) + tl.sum(counts * spread * spread, axis=0)) / n_cols
+        if STATS == 1 and x_in.dtype == tl.bfloat16:
+            x = _widen_by_halves(x_in)
+        elif STATS == 3:
+            x = x_in.to(tl.float32)
+        elif STATS == 4:
+            x = (x_in.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        else:
+            x = widen_after_wait(x_in)
+        y = ((x - k) - mean) * tl.rsqrt(var + eps)
+        if HAS_WEIGHT:
+            y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        if HAS_BIAS:
+            y = y + load_tile(b_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
 _STEM = Path(__file__).stem
 SOFTMAX_ONE_EXP = LazyKernel(_STEM, "_softmax_one_exp_kernel")
 SOFTMAX_RECIPROCAL = LazyKernel(_STEM, "_softmax_reciprocal_kernel")
 SOFTMAX_PERSISTENT_RECIPROCAL = LazyKernel(_STEM, "_softmax_persistent_reciprocal_kernel")
 RMS_NORM_WAIT = LazyKernel(_STEM, "_rms_norm_wait_kernel")
+LAYER_NORM_STATS = LazyKernel(_STEM, "_layer_norm_stats_kernel")
 
 
 def _package(op: Op, name: str) -> TritonImpl:
@@ -212,6 +297,29 @@ def _rms_norm_split_variant(name: str, wait: int) -> TritonImpl:
     return dataclasses.replace(package, name=name, launcher=launch, kernels=(RMS_NORM_WAIT,))
 
 
+def _layer_norm_split_variant(name: str, stats: int) -> TritonImpl:
+    package = _package(kernelgate.layer_norm, "split_rows")
+
+    def launch(
+        x: torch.Tensor,
+        normalized_shape: Sequence[int],
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        eps: float = EPS,
+        *,
+        config: Any,
+    ) -> torch.Tensor:
+        rows, pointers, y = layer_norm_module._forward_operands(x, normalized_shape, weight, bias)
+        rowwise.launch_split_rows(
+            LAYER_NORM_STATS, rows, pointers, (rows.stride, rows.n_cols), (float(eps),), 2, config=config,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
+            STATS=stats,
+        )  # fmt: skip
+        return y
+
+    return dataclasses.replace(package, name=name, launcher=launch, kernels=(LAYER_NORM_STATS,))
+
+
 def variants(op_name: str) -> list[TritonImpl]:
     if op_name == "softmax":
         return [
@@ -223,6 +331,15 @@ def variants(op_name: str) -> list[TritonImpl]:
             _package(kernelgate.softmax, "single_block"),
             _package(kernelgate.softmax, "persistent"),
             *_softmax_reciprocal_variants(),
+        ]
+    if op_name == "layer_norm":
+        return [
+            _package(kernelgate.layer_norm, "split_rows"),
+            _layer_norm_split_variant("split_recompute", 1),
+            _layer_norm_split_variant("split_pair_unsafe", 2),
+            _layer_norm_split_variant("split_recompute_zext_after", 4),
+            _package(kernelgate.layer_norm, "looped"),
+            _package(kernelgate.layer_norm, "single_block"),
         ]
     return [
         _package(kernelgate.rms_norm, "split_rows"),
@@ -239,6 +356,10 @@ def measure_case(
     x = (torch.randn(rows, n, generator=gen) * 3).to(device=device, dtype=dtype)
     if op_name == "softmax":
         op, values = kernelgate.softmax, (x, -1)
+    elif op_name == "layer_norm":
+        w = (torch.rand(n, generator=gen) + 0.5).to(device=device, dtype=dtype)
+        b = torch.randn(n, generator=gen).to(device=device, dtype=dtype)
+        op, values = kernelgate.layer_norm, (x + 2.0, (n,), w, b, EPS)
     else:
         w = (torch.rand(n, generator=gen) + 0.5).to(device=device, dtype=dtype)
         op, values = kernelgate.rms_norm, (x, w, EPS)
@@ -249,7 +370,7 @@ def measure_case(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argument_parser(__doc__, DEFAULT_LENGTHS)
-    parser.add_argument("--op", action="append", choices=["softmax", "rms_norm"])
+    parser.add_argument("--op", action="append", choices=["softmax", "rms_norm", "layer_norm"])
     args = parser.parse_args(argv)
     groups = [({"op": name}, functools.partial(measure_case, name)) for name in args.op or ["softmax", "rms_norm"]]
     return run_cases(args, Path(__file__).name, groups)

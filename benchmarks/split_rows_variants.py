@@ -235,7 +235,7 @@ def _layer_norm_stats_kernel(
             x = _widen_by_halves(x_in)
         elif STATS == 3:
             x = x_in.to(tl.float32)
-        elif STATS == 4:
+        elif STATS == 4 and x_in.dtype == tl.bfloat16:
             x = (x_in.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
         else:
             x = widen_after_wait(x_in)

@@ -23,7 +23,7 @@ import torch
 
 from kernelgate import backend
 from kernelgate.bucket import aligned16, pow2
-from kernelgate.config import Config, ConfigSpace
+from kernelgate.config import LAUNCH_OPTIONS, Config, ConfigSpace
 from kernelgate.launch import (
     LazyKernel,
     Rows,
@@ -452,15 +452,16 @@ def launch_rows(
 
     A config with ``ROWS`` (a single-block kernel) gets one program per ``ROWS`` rows, and the
     kernel takes ``n_rows`` before the scalars to mask the last program's rows; otherwise (a looped
-    kernel) one program per row.
+    kernel) one program per row. Every launch option the config holds (:data:`~kernelgate.config.LAUNCH_OPTIONS`:
+    num_warps, and num_stages, num_ctas or maxnreg where a config space names them) goes to the launch.
     """
     rows_per_program = config.get("ROWS")
-    warps = config["num_warps"]
+    options = {name: config[name] for name in LAUNCH_OPTIONS if name in config}
     if rows_per_program is None:
-        launch(kernel, (n_rows,), *operands, *scalars, BLOCK_N=block, num_warps=warps, **meta)
+        launch(kernel, (n_rows,), *operands, *scalars, BLOCK_N=block, **options, **meta)
     else:
         grid = (cdiv(n_rows, rows_per_program),)
-        launch(kernel, grid, *operands, n_rows, *scalars, ROWS=rows_per_program, BLOCK_N=block, num_warps=warps, **meta)
+        launch(kernel, grid, *operands, n_rows, *scalars, ROWS=rows_per_program, BLOCK_N=block, **options, **meta)
 
 
 # --- split rows: each row over consecutive programs that wait for each other (kernelgate.ops.split_rows) ----------

@@ -480,3 +480,26 @@ def test_split_backward_tunes_four_to_eight_elements_a_thread(op_name: str) -> N
     assert tried == {(1024, 4), (1024, 8), (2048, 8), (2048, 16), (4096, 16)}
     assert impl.default_config is not None
     assert (impl.default_config["BLOCK_N"], impl.default_config["num_warps"]) in tried
+
+
+@pytest.mark.parametrize("op", [kernelgate.rms_norm, kernelgate.layer_norm, kernelgate.softmax], ids=lambda op: op.name)
+def test_single_block_forwards_pass_every_launch_option_of_a_config(op: kernelgate.Op) -> None:
+    """A single-block forward launched at a config that names num_stages and num_ctas (a user's config space may)
+    launches with both, beside num_warps, and still matches the reference (interpreted, where they change nothing)."""
+    launch_state = importlib.import_module("kernelgate.launch").call_state
+    impl = next(impl for impl in op.implementations if impl.name == "single_block")
+    assert op.make_inputs is not None
+    args = op.make_inputs((3, 1000), torch.float32, torch.device("cpu"))
+    launches: list[tuple[str, tuple[int, ...], dict[str, object]]] = []
+    saved, launch_state.launches = launch_state.launches, launches
+    try:
+        with kernelgate.use_interpreter():
+            config = {"ROWS": 1, "num_warps": 4, "num_stages": 2, "num_ctas": 2}
+            result = run_candidate(impl, config, args, True, poison=True)
+    finally:
+        launch_state.launches = saved
+    assert compare(result, op.reference(*args), 1000) is None
+    ((_, grid, meta),) = launches
+    assert grid == (3,) and {k: meta[k] for k in ("num_warps", "num_stages", "num_ctas")} == {
+        "num_warps": 4, "num_stages": 2, "num_ctas": 2,
+    }  # fmt: skip

@@ -282,11 +282,14 @@ def test_tuning_on_the_gpu_then_reuse_in_a_fresh_process(tmp_path: Path) -> None
         f"kernelgate.configure(cache_dir={str(tmp_path)!r}, log_path={str(tmp_path / 'log2.csv')!r});"
         "x = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16);"
         "p = kernelgate.softmax.plan(x); y = kernelgate.softmax(x); torch.cuda.synchronize();"
-        "print(json.dumps([str(p.reason), p.name]))"
+        "print(json.dumps([str(p.reason), p.name, p.key, str(kernelgate.settings().cache_dir)]))"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=600)
-    reason, name = json.loads(out.stdout.strip().splitlines()[-1])
-    assert name == first.name and reason in ("cached", "reference-faster")
+    reason, name, key, cache_dir = json.loads(out.stdout.strip().splitlines()[-1])
+    # On a miss, whether the fresh process looked under another key or in another directory, and what the file held.
+    cached = json.loads(next(tmp_path.glob("decisions-*.json")).read_text())["entries"]
+    seen = f"fresh: {reason} {name} key {key} in {cache_dir}; first: key {first.key}; cached keys {list(cached)}"
+    assert name == first.name and reason in ("cached", "reference-faster"), seen
     assert ",tune," not in (tmp_path / "log2.csv").read_text()
 
 

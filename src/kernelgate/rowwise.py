@@ -438,6 +438,10 @@ def _is_last(x: torch.Tensor, dim: int) -> bool:
     return x.dim() == 0 or dim in (-1, x.dim() - 1)
 
 
+# The launch options besides num_warps (which every config of a row-wise kernel names).
+_OTHER_LAUNCH_OPTIONS = frozenset(LAUNCH_OPTIONS) - {"num_warps"}
+
+
 def launch_rows(
     kernel: LazyKernel,
     n_rows: int,
@@ -456,12 +460,14 @@ def launch_rows(
     num_warps, and num_stages, num_ctas or maxnreg where a config space names them) goes to the launch.
     """
     rows_per_program = config.get("ROWS")
-    options = {name: config[name] for name in LAUNCH_OPTIONS if name in config}
+    warps = config["num_warps"]
+    if not _OTHER_LAUNCH_OPTIONS.isdisjoint(config):  # a per-call path: the common config pays one set test
+        meta = {**meta, **{name: config[name] for name in _OTHER_LAUNCH_OPTIONS if name in config}}
     if rows_per_program is None:
-        launch(kernel, (n_rows,), *operands, *scalars, BLOCK_N=block, **options, **meta)
+        launch(kernel, (n_rows,), *operands, *scalars, BLOCK_N=block, num_warps=warps, **meta)
     else:
         grid = (cdiv(n_rows, rows_per_program),)
-        launch(kernel, grid, *operands, n_rows, *scalars, ROWS=rows_per_program, BLOCK_N=block, **options, **meta)
+        launch(kernel, grid, *operands, n_rows, *scalars, ROWS=rows_per_program, BLOCK_N=block, num_warps=warps, **meta)
 
 
 # --- split rows: each row over consecutive programs that wait for each other (kernelgate.ops.split_rows) ----------

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -80,3 +82,11 @@ def triton_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     finally:
         driver._active = saved
         compile_ahead.shutdown()
+
+
+@pytest.fixture
+def benchmark_script(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
+    """Imports ``benchmarks/<name>.py`` as its command line runs it: its sibling modules (provenance.py,
+    variant_timing.py) importable beside it."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    return importlib.import_module

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture
-def cluster_script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+def cluster_script(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
     pytest.importorskip("triton")
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports variant_timing.py beside it
-    import cluster_rows
-
-    return cluster_rows
+    return benchmark_script("cluster_rows")
 
 
 def _lowers_cluster_reductions() -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -16,17 +17,13 @@ from kernelgate.compile_ahead import compile_ahead
 from kernelgate.selection import run_candidate
 from kernelgate.tolerance import assert_close, assert_no_worse
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL_BLOCK = {"BLOCK_N": 1024, "num_warps": 4, "PREFETCH": 0}
 
 
 @pytest.fixture
-def variants_script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+def variants_script(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
     pytest.importorskip("triton")
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports variant_timing.py beside it
-    import layer_norm_variants
-
-    return layer_norm_variants
+    return benchmark_script("layer_norm_variants")
 
 
 def test_every_variant_matches_the_reference_interpreted(variants_script: ModuleType, tmp_path: Path) -> None:

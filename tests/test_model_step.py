@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -11,15 +12,10 @@ import pytest
 
 import kernelgate
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture
-def model_step(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports provenance.py beside it
-    import model_step
-
-    return model_step
+def model_step(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark_script("model_step")
 
 
 def test_the_decoder_runs_kernelgates_kernels_and_matches_torch(model_step: ModuleType, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -10,15 +11,10 @@ import pytest
 
 import kernelgate
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports provenance.py beside it
-    import reference_route_overhead
-
-    return reference_route_overhead
+def script(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark_script("reference_route_overhead")
 
 
 def test_each_shape_and_direction_is_timed_both_ways_and_the_modes_are_put_back(

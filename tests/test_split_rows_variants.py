@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture
-def variants_script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+def variants_script(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
     pytest.importorskip("triton")
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the script imports variant_timing.py beside it
-    import split_rows_variants
-
-    return split_rows_variants
+    return benchmark_script("split_rows_variants")
 
 
 def test_every_variant_matches_the_reference_interpreted(variants_script: ModuleType, tmp_path: Path) -> None:

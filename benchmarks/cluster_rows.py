@@ -22,9 +22,9 @@ the cluster); 3.9.0's lowers it. On a machine with a Triton that cannot, the cub
    loop-free kernels do not use) keys the replaced kernels apart from the package's own in Triton's cache.
 
 The variants, at each dtype and row length (rows chosen so that x is about 128 MiB): ``cluster`` (the package's
-single-block kernel at num_warps 4 to 16 and num_ctas 2, 4 and 8) beside the package's ``split_rows``, ``looped``
-and ``single_block``. Results are fractions of a device-to-device copy measured in the same run (bytes: x read, y
-written).
+single-block kernel at num_warps 4 to 32 and num_ctas 2, 4, 8 and 16, where a thread holds at most 64 elements)
+beside the package's ``split_rows``, ``looped`` and ``single_block``. Results are fractions of a device-to-device
+copy measured in the same run (bytes: x read, y written).
 
 At 8ae2238 on the H200 (``benchmarks/results/h200/cluster-rows-8ae2238/``) every cluster configuration matched
 the reference, and the cluster was faster than every package implementation only for softmax and log_softmax
@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 from provenance import provenance, write_json  # benchmarks/provenance.py, beside this script
-from variant_timing import TARGET_BYTES, argument_parser, check_and_time, run_cases  # beside it too
+from variant_timing import TARGET_BYTES, argument_parser, check_and_time, package_impl, run_cases  # beside it too
 
 import kernelgate
 from kernelgate import rowwise
@@ -65,10 +65,6 @@ CLUSTER_CONFIGS = ConfigSpace(ROWS=(1,), num_ctas=(2, 4, 8, 16), num_warps=(4, 8
 STORED_METADATA = ("name", "num_ctas", "num_warps", "shared", "global_scratch_size", "profile_scratch_size")
 # num_stages given to a replaced kernel's launch, so that Triton caches it apart from the package's own.
 STAGES_KEY = 8
-
-
-def _package(op: Op, name: str) -> TritonImpl:
-    return next(i for i in op.implementations if i.name == name)
 
 
 def _inputs(op_name: str, dtype: torch.dtype, rows: int, n: int, device: torch.device) -> tuple[Op, tuple[Any, ...]]:
@@ -90,7 +86,7 @@ def _cluster_variant(op: Op, replaced: bool) -> TritonImpl:
     With ``replaced`` it launches with num_ctas 1 and num_stages ``STAGES_KEY + num_ctas``: the kernels Triton
     compiles for those are swapped for the stored cluster cubins (see :func:`replace_kernels`) before they run.
     """
-    package = _package(op, "single_block")
+    package = package_impl(op, "single_block")
     takes_rows = "ROWS" in package.configs.params if package.configs is not None else False
 
     def launch(*values: Any, config: Any) -> Any:
@@ -116,9 +112,9 @@ def _cluster_variant(op: Op, replaced: bool) -> TritonImpl:
 def variants(op: Op, replaced: bool) -> list[TritonImpl]:
     return [
         _cluster_variant(op, replaced),
-        _package(op, "split_rows"),
-        _package(op, "looped"),
-        _package(op, "single_block"),
+        package_impl(op, "split_rows"),
+        package_impl(op, "looped"),
+        package_impl(op, "single_block"),
     ]
 
 

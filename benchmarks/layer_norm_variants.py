@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from variant_timing import argument_parser, check_and_time, run_cases  # benchmarks/variant_timing.py, beside it
+from variant_timing import argument_parser, check_and_time, package_impl, run_cases  # beside this script
 
 import kernelgate
 from kernelgate.launch import LazyKernel
@@ -105,14 +105,10 @@ def _welford_kernel(
 WELFORD = LazyKernel(Path(__file__).stem, "_welford_kernel")
 
 
-def _package_looped() -> TritonImpl:
-    return next(i for i in kernelgate.layer_norm.implementations if i.name == "looped")
-
-
 def _welford_variant() -> TritonImpl:
     """The looped implementation with ``_welford_kernel`` in place of the package's kernel, at the same
     configurations less PREFETCH (which that kernel lacks)."""
-    looped = _package_looped()
+    looped = package_impl(kernelgate.layer_norm, "looped")
 
     def launch(
         x: torch.Tensor, shape: Sequence[int], weight: Any = None, bias: Any = None, eps: float = EPS, *, config: Any
@@ -127,7 +123,7 @@ def _welford_variant() -> TritonImpl:
 
 def variants() -> list[TritonImpl]:
     """The package's looped implementation, then the kernel it replaced."""
-    return [_package_looped(), _welford_variant()]
+    return [package_impl(kernelgate.layer_norm, "looped"), _welford_variant()]
 
 
 def measure_case(

@@ -74,12 +74,12 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from variant_timing import argument_parser, check_and_time, run_cases  # benchmarks/variant_timing.py, beside it
+from variant_timing import argument_parser, check_and_time, package_impl, run_cases  # beside this script
 
 import kernelgate
 from kernelgate import rowwise
 from kernelgate.launch import LazyKernel
-from kernelgate.op import Op, TritonImpl
+from kernelgate.op import TritonImpl
 from kernelgate.ops.layer_norm.kernels import _add_pair, _block_stats
 from kernelgate.ops.split_rows import load_row_partials, split_row_block, split_row_pair, widen_after_wait
 from kernelgate.ops.tiles import load_tile, store_tile
@@ -261,12 +261,8 @@ RMS_NORM_WAIT = LazyKernel(_STEM, "_rms_norm_wait_kernel")
 LAYER_NORM_STATS = LazyKernel(_STEM, "_layer_norm_stats_kernel")
 
 
-def _package(op: Op, name: str) -> TritonImpl:
-    return next(i for i in op.implementations if i.name == name)
-
-
 def _softmax_split_variant(name: str, wait: int) -> TritonImpl:
-    package = _package(kernelgate.softmax, "split_rows")
+    package = package_impl(kernelgate.softmax, "split_rows")
 
     def launch(x: torch.Tensor, dim: int = -1, *, config: Any) -> torch.Tensor:
         rows = rowwise.as_rows(x, "x")
@@ -290,7 +286,7 @@ def _softmax_reciprocal_variants() -> list[TritonImpl]:
 
 
 def _rms_norm_split_variant(name: str, wait: int) -> TritonImpl:
-    package = _package(kernelgate.rms_norm, "split_rows")
+    package = package_impl(kernelgate.rms_norm, "split_rows")
 
     def launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float = EPS, *, config: Any) -> torch.Tensor:
         rows, w, y = rms_norm_module._forward_operands(x, weight)
@@ -304,7 +300,7 @@ def _rms_norm_split_variant(name: str, wait: int) -> TritonImpl:
 
 
 def _layer_norm_split_variant(name: str, stats: int) -> TritonImpl:
-    package = _package(kernelgate.layer_norm, "split_rows")
+    package = package_impl(kernelgate.layer_norm, "split_rows")
 
     def launch(
         x: torch.Tensor,
@@ -329,26 +325,26 @@ def _layer_norm_split_variant(name: str, stats: int) -> TritonImpl:
 def variants(op_name: str) -> list[TritonImpl]:
     if op_name == "softmax":
         return [
-            _package(kernelgate.softmax, "split_rows"),
+            package_impl(kernelgate.softmax, "split_rows"),
             _softmax_split_variant("split_one_exp", WAIT_PACKAGE),
             _softmax_split_variant("split_one_exp_last", WAIT_LAST),
             _softmax_split_variant("split_one_exp_volatile", WAIT_VOLATILE),
-            _package(kernelgate.softmax, "looped"),
-            _package(kernelgate.softmax, "single_block"),
-            _package(kernelgate.softmax, "persistent"),
+            package_impl(kernelgate.softmax, "looped"),
+            package_impl(kernelgate.softmax, "single_block"),
+            package_impl(kernelgate.softmax, "persistent"),
             *_softmax_reciprocal_variants(),
         ]
     if op_name == "layer_norm":
         return [
-            _package(kernelgate.layer_norm, "split_rows"),
+            package_impl(kernelgate.layer_norm, "split_rows"),
             _layer_norm_split_variant("split_recompute", 1),
             _layer_norm_split_variant("split_pair_unsafe", 2),
             _layer_norm_split_variant("split_recompute_zext_after", 4),
-            _package(kernelgate.layer_norm, "looped"),
-            _package(kernelgate.layer_norm, "single_block"),
+            package_impl(kernelgate.layer_norm, "looped"),
+            package_impl(kernelgate.layer_norm, "single_block"),
         ]
     return [
-        _package(kernelgate.rms_norm, "split_rows"),
+        package_impl(kernelgate.rms_norm, "split_rows"),
         _rms_norm_split_variant("split_last", WAIT_LAST),
         _rms_norm_split_variant("split_volatile", WAIT_VOLATILE),
     ]

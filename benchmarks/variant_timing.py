@@ -34,6 +34,11 @@ TARGET_BYTES = 128 * 2**20
 Measure = Callable[[torch.dtype, int, int, torch.device, bool], list[dict[str, Any]]]
 
 
+def package_impl(op: Op, name: str) -> TritonImpl:
+    """The implementation of ``op`` named ``name``, as the package declares it."""
+    return next(impl for impl in op.implementations if impl.name == name)
+
+
 def copy_gbps(device: torch.device) -> float:
     """A device-to-device copy of ``TARGET_BYTES`` (read and written), in GB/s (``do_bench``: median)."""
     from triton.testing import do_bench

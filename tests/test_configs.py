@@ -51,13 +51,16 @@ SPLIT = {"rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward"}
 SPLIT_ROWS = {
     "softmax", "log_softmax", "softmax_backward", "log_softmax_backward", "rms_norm", "add_rms_norm", "layer_norm"
 }  # fmt: skip
+# Backwards with a split_rows implementation from SPLIT_MIN_COLS on (groups of a row's programs looping over rows).
+SPLIT_ROWS_BACKWARD = {"rms_norm_backward", "add_rms_norm_backward"}
 
 
 def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
     """single_block up to its limit (forwards go furthest, then softmax's and log_softmax's backwards, then the norms'
     backwards), and persistent beside it where the op has one; looped once a row exceeds 512 (its smallest block is
     1024, and no block may be longer than the row rounded up to a power of two); split beside looped from
-    SPLIT_MIN_COLS on, where the backward has one; split_rows beyond one block, where the op has one."""
+    SPLIT_MIN_COLS on, where the backward has one; split_rows beyond one block, where the op has one, and from
+    SPLIT_MIN_COLS on for the rms norms' backwards."""
     if op.name in FORWARDS:
         limit = MAX_SINGLE_BLOCK_FORWARD
     else:
@@ -66,6 +69,7 @@ def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
     long_rows = {"persistent_looped"} if op.name in PERSISTENT_LOOPED and n_cols > MAX_SINGLE_BLOCK else set()
     split = {"split"} if op.name in SPLIT and n_cols >= SPLIT_MIN_COLS else set()
     split |= {"split_rows"} if op.name in SPLIT_ROWS and n_cols > MAX_SINGLE_BLOCK else set()
+    split |= {"split_rows"} if op.name in SPLIT_ROWS_BACKWARD and n_cols >= SPLIT_MIN_COLS else set()
     return (one_block if n_cols <= limit else set()) | ({"looped"} if n_cols > 512 else set()) | long_rows | split
 
 
@@ -450,6 +454,52 @@ def test_split_backward_matches_the_reference_over_uneven_row_groups(
     expected = op.reference(*values)
     got = run_candidate(impl, config, values, target.type == "cpu", poison=True)
     assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None
+
+
+SPLIT_ROWS_BACKWARDS = [getattr(kernelgate, name) for name in sorted(SPLIT_ROWS_BACKWARD)]
+
+
+@pytest.mark.parametrize("weighted", [True, False], ids=["weight", "no-weight"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("op", SPLIT_ROWS_BACKWARDS, ids=lambda op: op.name)
+def test_split_rows_backward_matches_the_reference_over_uneven_row_groups(
+    target: torch.device, op: kernelgate.Op, dtype: torch.dtype, weighted: bool
+) -> None:
+    """The split_rows backward (a row's programs exchange its sums, in groups that loop over rows) gives the
+    reference's dx and dweight where the rows fall unevenly into several groups and the last block of a row is
+    partial: 7 rows in 2 groups (4 and 3) of 3 programs under the interpreter, 301 rows in 132 groups of 4 on the H200's
+    132 multiprocessors; with and without the weight, and for add_rms_norm without grad_s too."""
+    from kernelgate.rowwise import split_rows_groups
+
+    assert op.make_inputs is not None
+    shape = (7, 3000) if target.type == "cpu" else (301, 3500)
+    values = list(op.make_inputs(shape, dtype, target))
+    if not weighted:
+        values[-2] = None
+        if op.name == "add_rms_norm_backward":
+            values[1] = None
+    impl = next(i for i in op.implementations if i.name == "split_rows")
+    config = {"BLOCK_N": 1024, "num_warps": 4, "PER_SM": 4}
+    groups = split_rows_groups(target, shape[0], shape[1], config["BLOCK_N"], config["PER_SM"])
+    assert 1 < groups < shape[0] and shape[0] % groups, groups
+    expected = op.reference(*values)
+    got = run_candidate(impl, config, tuple(values), target.type == "cpu", poison=True)
+    assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None
+
+
+def test_split_rows_backward_tunes_blocks_of_four_to_sixteen_elements_a_thread() -> None:
+    """Tuning tries the split_rows backward's configurations whose threads hold 4 to 16 elements of a block shorter
+    than the row, at 1, 2 and 4 programs a multiprocessor; rows shorter than SPLIT_MIN_COLS are not taken."""
+    impl = next(i for i in kernelgate.rms_norm_backward.implementations if i.name == "split_rows")
+    assert kernelgate.rms_norm_backward.make_inputs is not None
+    values = kernelgate.rms_norm_backward.make_inputs((2, 131072), torch.float32, torch.device("cpu"))
+    tried = {(c["BLOCK_N"], c["num_warps"], c["PER_SM"]) for c in impl.candidate_configs(values) if c is not None}
+    blocks = {(2048, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16), (8192, 16)}
+    assert tried == {(block, warps, per_sm) for block, warps in blocks for per_sm in (1, 2, 4)}
+    at_8192 = kernelgate.rms_norm_backward.make_inputs((2, SPLIT_MIN_COLS), torch.float32, torch.device("cpu"))
+    assert {c["BLOCK_N"] for c in impl.candidate_configs(at_8192) if c is not None} == {2048, 4096}
+    short = kernelgate.rms_norm_backward.make_inputs((2, SPLIT_MIN_COLS - 1), torch.float32, torch.device("cpu"))
+    assert "shorter than" in (impl.supports(*short) or "")
 
 
 def test_split_backward_keeps_a_few_rows_of_partial_sums(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,6 +59,9 @@ __all__ = [
     "SPLIT_DEFAULT",
     "SPLIT_MIN_COLS",
     "SPLIT_PER_THREAD",
+    "SPLIT_ROWS_BACKWARD_CONFIGS",
+    "SPLIT_ROWS_BACKWARD_DEFAULT",
+    "SPLIT_ROWS_BACKWARD_PER_THREAD",
     "SPLIT_ROWS_CONFIGS",
     "SPLIT_ROWS_DEFAULT",
     "SPLIT_ROWS_PER_THREAD",
@@ -88,9 +91,11 @@ __all__ = [
     "single_block_default",
     "single_block_impl",
     "split_impl",
+    "split_rows_backward_impl",
     "split_rows_buffers",
     "split_rows_count",
     "split_rows_counts",
+    "split_rows_groups",
     "split_rows_impl",
     "split_rows_phases",
     "sum_partials",
@@ -603,23 +608,76 @@ def launch_split_rows(
     *,
     config: Config,
     fresh_counts: bool = False,
+    groups: int | None = None,
     **meta: Any,
 ) -> None:
     """Launch a split-rows kernel over ``rows`` as ``kernel(*pointers, partials, arrived, *strides, n_cols, n_split,
     *scalars, PHASE=..., SPLIT_BLOCK=..., BLOCK_N=..., **meta)``, ``values`` partials a program, once on a GPU and
     twice under the interpreter (:func:`split_rows_phases`); raises :class:`Unsupported` where a row's programs
     outnumber the multiprocessors (:func:`split_rows_count`). ``fresh_counts``: for a kernel that does not leave its
-    arrival counts zero (:func:`split_rows_buffers`)."""
+    arrival counts zero (:func:`split_rows_buffers`). ``groups``: for a kernel whose programs loop over rows, that
+    many groups of ``n_split`` programs (:func:`split_rows_groups`) instead of a group a row."""
     block = config["BLOCK_N"]
     n_split = split_rows_count(rows.tensor.device, rows.n_cols, block)
     partials, arrived, split_block = split_rows_buffers(
         rows.tensor.device, rows.n_rows, n_split, values, fresh_counts=fresh_counts
     )
+    grid = ((rows.n_rows if groups is None else groups) * n_split,)
     for phase in split_rows_phases():
         launch(
-            kernel, (rows.n_rows * n_split,), *pointers, partials, arrived, *strides, rows.n_cols, n_split, *scalars,
-            PHASE=phase, SPLIT_BLOCK=split_block, BLOCK_N=block, num_warps=config["num_warps"], **meta,
+            kernel, grid, *pointers, partials, arrived, *strides, rows.n_cols, n_split, *scalars, PHASE=phase,
+            SPLIT_BLOCK=split_block, BLOCK_N=block, num_warps=config["num_warps"], **meta,
         )  # fmt: skip
+
+
+# --- split-rows backwards with a weight gradient: groups of a row's programs, each looping over rows ----------------
+# A row's programs exchange its sums as in the forwards, but a group of them takes every ``groups``-th row, so that
+# each program sums its block's weight gradient over its rows in registers: a row of partial sums a group, where a
+# program a row would keep as many as an input. PER_SM: the groups' programs per multiprocessor, all of them
+# resident together where the registers allow (more wait for a place, in order, as the forwards' rows do).
+
+SPLIT_ROWS_BACKWARD_CONFIGS = ConfigSpace(BLOCK_N=(2048, 4096, 8192), num_warps=(4, 8, 16), PER_SM=(1, 2, 4))
+SPLIT_ROWS_BACKWARD_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8, "PER_SM": 2}
+# Elements of a block a thread: two blocks (x and dy) and the weight gradient's sums are held through the loop.
+SPLIT_ROWS_BACKWARD_PER_THREAD = (4, 16)
+
+
+def split_rows_groups(device: torch.device, n_rows: int, n_cols: int, block: int, per_sm: int) -> int:
+    """The row groups of a split-rows backward: about ``per_sm`` programs per multiprocessor (two multiprocessors
+    under the interpreter) over the ``n_split`` programs of a row, at least one group and at most a row each.
+
+    >>> cpu = torch.device("cpu")
+    >>> split_rows_groups(cpu, 7, 3000, 1024, 2), split_rows_groups(cpu, 1, 3000, 1024, 4)
+    (1, 1)
+    >>> split_rows_groups(cpu, 7, 3000, 1024, 4)
+    2
+    """
+    sms = backend.multiprocessors(device) if device.type == "cuda" else 2
+    return max(1, min(n_rows, sms * per_sm // split_rows_count(device, n_cols, block)))
+
+
+def split_rows_backward_impl(
+    launcher: Callable[..., Any], kernels: tuple[LazyKernel, ...], n_cols: Callable[..., int]
+) -> TritonImpl:
+    """The ``split_rows`` implementation of a row-wise backward with a weight gradient (groups of a row's programs,
+    :func:`split_rows_groups`), for rows of at least :data:`SPLIT_MIN_COLS`; tuning tries the configurations whose
+    threads hold :data:`SPLIT_ROWS_BACKWARD_PER_THREAD` elements of a block shorter than the row, with no more warps
+    a multiprocessor than it runs (64)."""
+
+    def supports(*args: Any) -> str | None:
+        n = n_cols(*args)
+        return None if n >= SPLIT_MIN_COLS else f"rows of {n} are shorter than {SPLIT_MIN_COLS} (split_rows' least)"
+
+    def prune(config: Config, *args: Any) -> bool:
+        per_thread = config["BLOCK_N"] // (32 * config["num_warps"])
+        low, high = SPLIT_ROWS_BACKWARD_PER_THREAD
+        fits = config["num_warps"] * config["PER_SM"] <= 64
+        return low <= per_thread <= high and config["BLOCK_N"] < n_cols(*args) and fits
+
+    return TritonImpl(
+        "split_rows", launcher, kernels, supports=supports, configs=SPLIT_ROWS_BACKWARD_CONFIGS,
+        default_config=SPLIT_ROWS_BACKWARD_DEFAULT, prune=prune,
+    )  # fmt: skip
 
 
 def _run_along_split(x: torch.Tensor, dim: int, kernel: LazyKernel, config: Config) -> torch.Tensor:

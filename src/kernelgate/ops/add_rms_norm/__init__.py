@@ -20,9 +20,11 @@ from kernelgate.ops.rms_norm import (
     RMS_NORM_BWD,
     RMS_NORM_BWD_COLUMNS,
     RMS_NORM_BWD_LOOPED,
+    RMS_NORM_BWD_SPLIT_ROWS,
     RMS_NORM_BWD_STATS,
     run_backward,
     run_backward_split,
+    run_backward_split_rows,
 )
 
 __all__ = ["add_rms_norm", "add_rms_norm_backward"]
@@ -144,6 +146,18 @@ def _launch_backward_split(
     return run_backward_split(grad, grad_s, s, weight, eps, config)
 
 
+def _launch_backward_split_rows(
+    grad: torch.Tensor,
+    grad_s: torch.Tensor | None,
+    s: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float = 1e-6,
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_backward_split_rows(grad, grad_s, s, weight, eps, config)
+
+
 def _make_backward_inputs(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -185,6 +199,9 @@ add_rms_norm_backward = Op(
             _launch_backward_split,
             (RMS_NORM_BWD_STATS, RMS_NORM_BWD_COLUMNS, rowwise.PARTIAL_SUMS),
             _backward_row_length,
+        ),
+        rowwise.split_rows_backward_impl(
+            _launch_backward_split_rows, (RMS_NORM_BWD_SPLIT_ROWS, rowwise.PARTIAL_SUMS), _backward_row_length
         ),
     ),
     bucket=lambda grad, grad_s, s, weight, eps: (*_bucket(s, weight), grad_s is not None),

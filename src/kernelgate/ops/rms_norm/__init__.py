@@ -24,6 +24,7 @@ RMS_NORM_BWD = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_kern
 RMS_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_looped_kernel")
 RMS_NORM_BWD_STATS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_stats_kernel")
 RMS_NORM_BWD_COLUMNS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_columns_kernel")
+RMS_NORM_BWD_SPLIT_ROWS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_split_rows_kernel")
 # Programs of the looped and split backwards per multiprocessor: enough to fill the GPU, few enough that the
 # partial sums of dweight stay small. The single-block backward's depend on its block
 # (rowwise.single_block_backward_programs_per_sm).
@@ -206,10 +207,43 @@ def run_backward_split(
     return dx, rowwise.sum_partials(partial[None], [w])[0]
 
 
+def run_backward_split_rows(
+    grad: torch.Tensor,
+    grad_s: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`run_backward` in one kernel that reads x and grad once: each row split over programs that exchange its
+    sums, in groups that loop over rows (:func:`kernelgate.rowwise.split_rows_groups`), a row of dweight's partial
+    sums a group."""
+    x_rows, g_rows, ds_rows, w = _backward_operands(grad, grad_s, x, weight)
+    n_rows, n_cols, block = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"]
+    groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
+    dx = empty(x.shape, dtype=x.dtype, device=x.device)
+    partial = torch.empty((groups, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
+    rowwise.launch_split_rows(
+        RMS_NORM_BWD_SPLIT_ROWS, x_rows, (g_rows.tensor, ds_rows.tensor, x_rows.tensor,
+        x_rows.tensor if w is None else w, dx, partial), (g_rows.stride, ds_rows.stride, x_rows.stride, n_cols),
+        (n_rows, eps), 2, config=config, groups=groups, HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None,
+        EVEN_N=n_cols % block == 0,
+    )  # fmt: skip
+    if w is None:
+        return dx, x.new_empty(0)
+    return dx, rowwise.sum_partials(partial[None], [w])[0]
+
+
 def _launch_backward_split(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return run_backward_split(grad, None, x, weight, eps, config)
+
+
+def _launch_backward_split_rows(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_backward_split_rows(grad, None, x, weight, eps, config)
 
 
 def _launch_backward(
@@ -259,6 +293,11 @@ rms_norm_backward = Op(
         rowwise.split_impl(
             _launch_backward_split,
             (RMS_NORM_BWD_STATS, RMS_NORM_BWD_COLUMNS, rowwise.PARTIAL_SUMS),
+            lambda grad, x, *_: x.shape[-1],
+        ),
+        rowwise.split_rows_backward_impl(
+            _launch_backward_split_rows,
+            (RMS_NORM_BWD_SPLIT_ROWS, rowwise.PARTIAL_SUMS),
             lambda grad, x, *_: x.shape[-1],
         ),
     ),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import split_row_block, split_row_sum, widen_after_wait
+from kernelgate.ops.split_rows import split_row_block, split_row_pair, split_row_sum, widen_after_wait
 from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
 
 
@@ -400,3 +400,53 @@ def _rms_norm_bwd_columns_kernel(
         stride_dxm, n_cols, tl.program_id(0) * BLOCK_N, first, tl.minimum(first + rows_per_group, n_rows), HAS_DS,
         HAS_WEIGHT, BLOCK_N,
     )  # fmt: skip
+
+
+@triton.jit
+def _rms_norm_bwd_split_rows_kernel(
+    dy_ptr, ds_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, partial_ptr, arrived_ptr, stride_dym, stride_dsm, stride_xm,
+    stride_dxm, n_cols, n_split, n_rows, eps, HAS_DS: tl.constexpr, HAS_WEIGHT: tl.constexpr, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """Gradients of rms_norm (of add_rms_norm with HAS_DS) with each row split over ``n_split`` programs of BLOCK_N
+    columns that hold their blocks of x and dy in registers while they exchange the row's two sums
+    (:mod:`kernelgate.ops.split_rows`): x and dy are read once and dx written once, however long the row.
+
+    The formulas of ``_rms_norm_bwd_kernel`` in its FEW_LIVE order: dx = rstd * g - c * x [+ ds] with
+    c = rstd**3 * mean(g * x), dw = sum_rows(dy * x * rstd). Grid: (groups * n_split,); program p takes column
+    block ``p % n_split`` of the rows ``group, group + groups, ...`` (``group = p // n_split``), so a group's
+    programs are consecutive, and stores its block's dw sum over them in row ``group`` of dw_ptr
+    ((groups, n_cols) float32): one row of partial sums a group, not a program. Pointers and strides as in
+    ``_rms_norm_bwd_kernel``; partial_ptr: (n_rows, 2 * SPLIT_BLOCK) float32; arrived_ptr: (n_rows,) int32, zeros.
+    EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
+    """
+    pid = tl.program_id(0)
+    part = pid % n_split
+    groups = tl.num_programs(0) // n_split
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    w = 1.0
+    if HAS_WEIGHT:
+        w = load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    for row in range(pid // n_split, n_rows, groups):
+        x_in = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "")
+        dy_in = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "")
+        x = x_in.to(tl.float32)
+        sums_xx, sums_gx = split_row_pair(
+            tl.sum(x * x, axis=0), tl.sum(dy_in.to(tl.float32) * w * x, axis=0), partial_ptr + row * (2 * SPLIT_BLOCK),
+            arrived_ptr, row, part, n_split, PHASE, SPLIT_BLOCK,
+        )  # fmt: skip
+        if PHASE != 1:
+            rstd = tl.rsqrt(tl.sum(sums_xx, axis=0) / n_cols + eps)
+            c = rstd * rstd * rstd * (tl.sum(sums_gx, axis=0) / n_cols)
+            x = widen_after_wait(x_in)
+            dy = widen_after_wait(dy_in)
+            dx = rstd * (dy * w) - c * x
+            if HAS_DS:
+                dx += load_tile(ds_ptr + row * stride_dsm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            store_tile(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")
+            if HAS_WEIGHT:
+                dw += dy * (x * rstd)
+    if HAS_WEIGHT and PHASE != 1:
+        store_tile(dw_ptr + (pid // n_split) * n_cols + cols, dw, mask, EVEN_N, "")

@@ -466,9 +466,10 @@ def test_split_rows_backward_matches_the_reference_over_uneven_row_groups(
     target: torch.device, op: kernelgate.Op, dtype: torch.dtype, weighted: bool
 ) -> None:
     """The split_rows backward (a row's programs exchange its sums, in groups that loop over rows) gives the
-    reference's dx and dweight where the rows fall unevenly into several groups and the last block of a row is
-    partial: 7 rows in 2 groups (4 and 3) of 3 programs under the interpreter, 301 rows in 132 groups of 4 on the H200's
-    132 multiprocessors; with and without the weight, and for add_rms_norm without grad_s too."""
+    reference's dx and dweight, with and without the next row loaded during the wait, where the rows fall unevenly
+    into several groups and the last block of a row is partial: 7 rows in 2 groups (4 and 3) of 3 programs under the
+    interpreter, 301 rows in 132 groups of 4 on the H200's 132 multiprocessors; with and without the weight, and for
+    add_rms_norm without grad_s too."""
     from kernelgate.rowwise import split_rows_groups
 
     assert op.make_inputs is not None
@@ -479,23 +480,26 @@ def test_split_rows_backward_matches_the_reference_over_uneven_row_groups(
         if op.name == "add_rms_norm_backward":
             values[1] = None
     impl = next(i for i in op.implementations if i.name == "split_rows")
-    config = {"BLOCK_N": 1024, "num_warps": 4, "PER_SM": 4}
-    groups = split_rows_groups(target, shape[0], shape[1], config["BLOCK_N"], config["PER_SM"])
-    assert 1 < groups < shape[0] and shape[0] % groups, groups
     expected = op.reference(*values)
-    got = run_candidate(impl, config, tuple(values), target.type == "cpu", poison=True)
-    assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None
+    for prefetch in (0, 1):
+        config = {"BLOCK_N": 1024, "num_warps": 4, "PER_SM": 4, "PREFETCH": prefetch}
+        groups = split_rows_groups(target, shape[0], shape[1], config["BLOCK_N"], config["PER_SM"])
+        assert 1 < groups < shape[0] and shape[0] % groups, groups
+        got = run_candidate(impl, config, tuple(values), target.type == "cpu", poison=True)
+        assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None, config
 
 
 def test_split_rows_backward_tunes_blocks_of_four_to_sixteen_elements_a_thread() -> None:
     """Tuning tries the split_rows backward's configurations whose threads hold 4 to 16 elements of a block shorter
-    than the row, at 1, 2 and 4 programs a multiprocessor; rows shorter than SPLIT_MIN_COLS are not taken."""
+    than the row, at 2 and 4 programs a multiprocessor, with and without PREFETCH; rows shorter than SPLIT_MIN_COLS
+    are not taken."""
     impl = next(i for i in kernelgate.rms_norm_backward.implementations if i.name == "split_rows")
     assert kernelgate.rms_norm_backward.make_inputs is not None
     values = kernelgate.rms_norm_backward.make_inputs((2, 131072), torch.float32, torch.device("cpu"))
-    tried = {(c["BLOCK_N"], c["num_warps"], c["PER_SM"]) for c in impl.candidate_configs(values) if c is not None}
+    configs = [c for c in impl.candidate_configs(values) if c is not None]
+    tried = {(c["BLOCK_N"], c["num_warps"], c["PER_SM"], c["PREFETCH"]) for c in configs}
     blocks = {(2048, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16), (8192, 16)}
-    assert tried == {(block, warps, per_sm) for block, warps in blocks for per_sm in (1, 2, 4)}
+    assert tried == {(*block, per_sm, prefetch) for block in blocks for per_sm in (2, 4) for prefetch in (0, 1)}
     at_8192 = kernelgate.rms_norm_backward.make_inputs((2, SPLIT_MIN_COLS), torch.float32, torch.device("cpu"))
     assert {c["BLOCK_N"] for c in impl.candidate_configs(at_8192) if c is not None} == {2048, 4096}
     short = kernelgate.rms_norm_backward.make_inputs((2, SPLIT_MIN_COLS - 1), torch.float32, torch.device("cpu"))

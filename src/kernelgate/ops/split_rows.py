@@ -49,8 +49,22 @@ def wait_for_row(arrived_ptr, row, n_split):
     from 80.4 to 77.4 (benchmarks/results/h200/split-rows-variants-3296d94). Polling with a volatile load and one
     acquire at its end gave wrong results there: the program's other threads read the partials unordered after it.
     """
+    wait_until_arrived(arrived_ptr, row, n_split, arrive_at_row(arrived_ptr, row))
+
+
+@triton.jit
+def arrive_at_row(arrived_ptr, row):
+    """The first half of :func:`wait_for_row`: count this program's partials as stored for ``row``; returns the
+    count with this program's arrival in it. Loads issued between this and :func:`wait_until_arrived` are in flight
+    while the program waits; issued before it, the count's release would wait for them."""
     tl.debug_barrier()  # every thread's partials are stored before the count says so
-    seen = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel") + 1
+    return tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel") + 1
+
+
+@triton.jit
+def wait_until_arrived(arrived_ptr, row, n_split, seen):
+    """The second half of :func:`wait_for_row`: poll ``row``'s count until its ``n_split`` programs have arrived
+    (``seen``: the count :func:`arrive_at_row` returned)."""
     # Negative: programs of the row are leaving (leave_row), so all have arrived.
     while (seen < n_split) & (seen >= 0):
         seen = tl.atomic_add(arrived_ptr + row, 0, sem="acquire")

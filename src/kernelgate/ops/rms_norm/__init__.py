@@ -227,7 +227,7 @@ def run_backward_split_rows(
         RMS_NORM_BWD_SPLIT_ROWS, x_rows, (g_rows.tensor, ds_rows.tensor, x_rows.tensor,
         x_rows.tensor if w is None else w, dx, partial), (g_rows.stride, ds_rows.stride, x_rows.stride, n_cols),
         (n_rows, eps), 2, config=config, groups=groups, HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None,
-        EVEN_N=n_cols % block == 0,
+        PREFETCH=bool(config["PREFETCH"]), EVEN_N=n_cols % block == 0,
     )  # fmt: skip
     if w is None:
         return dx, x.new_empty(0)

@@ -9,7 +9,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import split_row_block, split_row_pair, split_row_sum, widen_after_wait
+from kernelgate.ops.split_rows import (
+    arrive_at_row,
+    leave_row,
+    load_row_partials,
+    split_row_block,
+    split_row_sum,
+    wait_until_arrived,
+    widen_after_wait,
+)
 from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
 
 
@@ -406,7 +414,7 @@ def _rms_norm_bwd_columns_kernel(
 def _rms_norm_bwd_split_rows_kernel(
     dy_ptr, ds_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, partial_ptr, arrived_ptr, stride_dym, stride_dsm, stride_xm,
     stride_dxm, n_cols, n_split, n_rows, eps, HAS_DS: tl.constexpr, HAS_WEIGHT: tl.constexpr, PHASE: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """Gradients of rms_norm (of add_rms_norm with HAS_DS) with each row split over ``n_split`` programs of BLOCK_N
     columns that hold their blocks of x and dy in registers while they exchange the row's two sums
@@ -416,37 +424,61 @@ def _rms_norm_bwd_split_rows_kernel(
     c = rstd**3 * mean(g * x), dw = sum_rows(dy * x * rstd). Grid: (groups * n_split,); program p takes column
     block ``p % n_split`` of the rows ``group, group + groups, ...`` (``group = p // n_split``), so a group's
     programs are consecutive, and stores its block's dw sum over them in row ``group`` of dw_ptr
-    ((groups, n_cols) float32): one row of partial sums a group, not a program. Pointers and strides as in
-    ``_rms_norm_bwd_kernel``; partial_ptr: (n_rows, 2 * SPLIT_BLOCK) float32; arrived_ptr: (n_rows,) int32, zeros.
-    EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
+    ((groups, n_cols) float32): one row of partial sums a group, not a program. PREFETCH: the program's next row
+    is loaded while it waits for this row's sums (its last loads its own row again). The weight is read a row at
+    a time, from cache, rather than kept. Pointers and strides as in ``_rms_norm_bwd_kernel``; partial_ptr:
+    (n_rows, 2 * SPLIT_BLOCK) float32; arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of
+    BLOCK_N (no masks).
     """
     pid = tl.program_id(0)
     part = pid % n_split
+    group = pid // n_split
     groups = tl.num_programs(0) // n_split
     cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < n_cols
-    w = 1.0
-    if HAS_WEIGHT:
-        w = load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
     dw = tl.zeros([BLOCK_N], tl.float32)
-    for row in range(pid // n_split, n_rows, groups):
-        x_in = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "")
-        dy_in = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "")
+    x_next = load_tile(x_ptr + group * stride_xm + cols, mask, 0.0, EVEN_N, "")
+    dy_next = load_tile(dy_ptr + group * stride_dym + cols, mask, 0.0, EVEN_N, "")
+    for row in range(group, n_rows, groups):
+        if PREFETCH:
+            x_in, dy_in = x_next, dy_next
+        else:
+            x_in = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "")
+            dy_in = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "")
         x = x_in.to(tl.float32)
-        sums_xx, sums_gx = split_row_pair(
-            tl.sum(x * x, axis=0), tl.sum(dy_in.to(tl.float32) * w * x, axis=0), partial_ptr + row * (2 * SPLIT_BLOCK),
-            arrived_ptr, row, part, n_split, PHASE, SPLIT_BLOCK,
-        )  # fmt: skip
+        g = dy_in.to(tl.float32)
+        if HAS_WEIGHT:
+            g = g * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
+        seen = 0
+        if PHASE != 2:
+            tl.store(partial_row + part, tl.sum(x * x, axis=0))
+            tl.store(partial_row + SPLIT_BLOCK + part, tl.sum(g * x, axis=0))
+        if PHASE == 0:
+            seen = arrive_at_row(arrived_ptr, row)
+        if PREFETCH:
+            following = tl.minimum(row + groups, n_rows - 1)
+            x_next = load_tile(x_ptr + following * stride_xm + cols, mask, 0.0, EVEN_N, "")
+            dy_next = load_tile(dy_ptr + following * stride_dym + cols, mask, 0.0, EVEN_N, "")
+        if PHASE == 0:
+            wait_until_arrived(arrived_ptr, row, n_split, seen)
         if PHASE != 1:
-            rstd = tl.rsqrt(tl.sum(sums_xx, axis=0) / n_cols + eps)
-            c = rstd * rstd * rstd * (tl.sum(sums_gx, axis=0) / n_cols)
+            sum_xx = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
+            sum_gx = tl.sum(load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)
+            if PHASE == 0:
+                leave_row(arrived_ptr, row, part, n_split)
+            rstd = tl.rsqrt(sum_xx / n_cols + eps)
+            c = rstd * rstd * rstd * (sum_gx / n_cols)
             x = widen_after_wait(x_in)
             dy = widen_after_wait(dy_in)
-            dx = rstd * (dy * w) - c * x
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            dx = rstd * g - c * x
             if HAS_DS:
                 dx += load_tile(ds_ptr + row * stride_dsm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
             store_tile(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")
             if HAS_WEIGHT:
                 dw += dy * (x * rstd)
     if HAS_WEIGHT and PHASE != 1:
-        store_tile(dw_ptr + (pid // n_split) * n_cols + cols, dw, mask, EVEN_N, "")
+        store_tile(dw_ptr + group * n_cols + cols, dw, mask, EVEN_N, "")

@@ -637,7 +637,7 @@ def launch_split_rows(
 # resident together where the registers allow (more wait for a place, in order, as the forwards' rows do).
 
 SPLIT_ROWS_BACKWARD_CONFIGS = ConfigSpace(
-    BLOCK_N=(2048, 4096, 8192), num_warps=(4, 8, 16), PER_SM=(2, 4), PREFETCH=(0, 1)
+    BLOCK_N=(2048, 4096, 8192, 16384), num_warps=(4, 8, 16, 32), PER_SM=(2, 4), PREFETCH=(0, 1)
 )
 SPLIT_ROWS_BACKWARD_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8, "PER_SM": 2, "PREFETCH": 1}
 # Elements of a block a thread: two blocks (x and dy) and the weight gradient's sums are held through the loop.

@@ -491,16 +491,16 @@ def test_split_rows_backward_matches_the_reference_over_uneven_row_groups(
 
 def test_split_rows_backward_tunes_blocks_of_four_to_sixteen_elements_a_thread() -> None:
     """Tuning tries the split_rows backward's configurations whose threads hold 4 to 16 elements of a block shorter
-    than the row, at 2 and 4 programs a multiprocessor (no more than its 64 warps), with and without PREFETCH; rows
-    shorter than SPLIT_MIN_COLS are not taken."""
+    than the row, four programs a multiprocessor at blocks of 2048 and two at longer ones, with and without
+    PREFETCH; rows shorter than SPLIT_MIN_COLS are not taken."""
     impl = next(i for i in kernelgate.rms_norm_backward.implementations if i.name == "split_rows")
     assert kernelgate.rms_norm_backward.make_inputs is not None
     values = kernelgate.rms_norm_backward.make_inputs((2, 131072), torch.float32, torch.device("cpu"))
     configs = [c for c in impl.candidate_configs(values) if c is not None]
     tried = {(c["BLOCK_N"], c["num_warps"], c["PER_SM"], c["PREFETCH"]) for c in configs}
     blocks = {(2048, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16), (4096, 32), (8192, 16), (8192, 32), (16384, 32)}
-    per_sms = {block: (2,) if block[1] == 32 else (2, 4) for block in blocks}  # at most 64 warps a multiprocessor
-    assert tried == {(*block, per_sm, prefetch) for block in blocks for per_sm in per_sms[block] for prefetch in (0, 1)}
+    per_sm = {2048: 4, 4096: 2, 8192: 2, 16384: 2}
+    assert tried == {(*block, per_sm[block[0]], prefetch) for block in blocks for prefetch in (0, 1)}
     at_8192 = kernelgate.rms_norm_backward.make_inputs((2, SPLIT_MIN_COLS), torch.float32, torch.device("cpu"))
     assert {c["BLOCK_N"] for c in impl.candidate_configs(at_8192) if c is not None} == {
         2048,

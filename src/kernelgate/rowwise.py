@@ -663,8 +663,8 @@ def split_rows_backward_impl(
 ) -> TritonImpl:
     """The ``split_rows`` implementation of a row-wise backward with a weight gradient (groups of a row's programs,
     :func:`split_rows_groups`), for rows of at least :data:`SPLIT_MIN_COLS`; tuning tries the configurations whose
-    threads hold :data:`SPLIT_ROWS_BACKWARD_PER_THREAD` elements of a block shorter than the row, with no more warps
-    a multiprocessor than it runs (64)."""
+    threads hold :data:`SPLIT_ROWS_BACKWARD_PER_THREAD` elements of a block shorter than the row, four programs a
+    multiprocessor at blocks of 2048 and two at longer ones."""
 
     def supports(*args: Any) -> str | None:
         n = n_cols(*args)
@@ -673,8 +673,10 @@ def split_rows_backward_impl(
     def prune(config: Config, *args: Any) -> bool:
         per_thread = config["BLOCK_N"] // (32 * config["num_warps"])
         low, high = SPLIT_ROWS_BACKWARD_PER_THREAD
-        fits = config["num_warps"] * config["PER_SM"] <= 64
-        return low <= per_thread <= high and config["BLOCK_N"] < n_cols(*args) and fits
+        # Four programs a multiprocessor only for blocks of 2048: on the H100 the fastest configurations of blocks of
+        # 2048 all took four, those of larger blocks all two (benchmarks/results/h100/norm-backward-split-rows-c49c5f4).
+        per_sm = config["PER_SM"] == (4 if config["BLOCK_N"] == 2048 else 2)
+        return low <= per_thread <= high and config["BLOCK_N"] < n_cols(*args) and per_sm
 
     return TritonImpl(
         "split_rows", launcher, kernels, supports=supports, configs=SPLIT_ROWS_BACKWARD_CONFIGS,

@@ -30,6 +30,7 @@ LAYER_NORM_BWD = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bw
 LAYER_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_looped_kernel")
 LAYER_NORM_BWD_STATS = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_stats_kernel")
 LAYER_NORM_BWD_COLUMNS = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_columns_kernel")
+LAYER_NORM_BWD_SPLIT_ROWS = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_split_rows_kernel")
 
 # The looped backward keeps four running sums per lane, the looped forward a block of x and (with
 # PREFETCH) the next, and the single-block backward holds x, dy, w and the dw and db sums: fewer elements
@@ -248,6 +249,34 @@ def _launch_backward_split(
     return (dx, *_affine_grads(partial, sums, x, weight, bias))
 
 
+def _launch_backward_split_rows(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward in one kernel that reads x and grad once: each row split over programs that exchange its
+    statistics, in groups that loop over rows (:func:`kernelgate.rowwise.split_rows_groups`), a row of partial sums
+    of dweight and of dbias a group."""
+    x_rows, g_rows, w = _backward_operands(grad, x, normalized_shape, weight, bias)
+    n_rows, n_cols, block = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"]
+    groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
+    dx = empty(x.shape, dtype=x.dtype, device=x.device)
+    sums = int(w is not None) + int(bias is not None)
+    partial = torch.empty((sums, groups, n_cols) if sums else (1, 1, 1), dtype=torch.float32, device=x.device)
+    rowwise.launch_split_rows(
+        LAYER_NORM_BWD_SPLIT_ROWS, x_rows, (g_rows.tensor, x_rows.tensor, x_rows.tensor if w is None else w, dx,
+        partial[0], partial[sums - 1]), (g_rows.stride, x_rows.stride, n_cols), (n_rows, float(eps)), 4,
+        config=config, groups=groups, HAS_WEIGHT=w is not None, HAS_BIAS=bias is not None,
+        PREFETCH=bool(config["PREFETCH"]), EVEN_N=n_cols % block == 0,
+    )  # fmt: skip
+    return (dx, *_affine_grads(partial, sums, x, weight, bias))
+
+
 def _launch_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -394,6 +423,9 @@ layer_norm_backward = Op(
             _launch_backward_split,
             (LAYER_NORM_BWD_STATS, LAYER_NORM_BWD_COLUMNS, rowwise.PARTIAL_SUMS),
             _bwd_n_cols,
+        ),
+        rowwise.split_rows_backward_impl(
+            _launch_backward_split_rows, (LAYER_NORM_BWD_SPLIT_ROWS, rowwise.PARTIAL_SUMS), _bwd_n_cols
         ),
     ),
     bucket=lambda grad, x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),

@@ -17,7 +17,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import split_row_block, split_row_pair, widen_after_wait
+from kernelgate.ops.split_rows import (
+    arrive_at_row,
+    leave_row,
+    load_row_partials,
+    split_row_block,
+    split_row_pair,
+    wait_until_arrived,
+    widen_after_wait,
+)
 from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
 
 
@@ -504,3 +512,94 @@ def _layer_norm_bwd_columns_kernel(
         stride_xm, stride_dxm, n_cols, tl.program_id(0) * BLOCK_N, first, tl.minimum(first + rows_per_group, n_rows),
         HAS_WEIGHT, HAS_BIAS, BLOCK_N,
     )  # fmt: skip
+
+
+@triton.jit
+def _layer_norm_bwd_split_rows_kernel(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, partial_ptr, arrived_ptr, stride_dym, stride_xm, stride_dxm,
+    n_cols, n_split, n_rows, eps, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """Gradients of layer_norm with each row split over ``n_split`` programs of BLOCK_N columns that hold their
+    blocks of x and dy in registers while they exchange the row's statistics (:mod:`kernelgate.ops.split_rows`): x
+    and dy are read once and dx written once, however long the row. The formulas of ``_layer_norm_bwd_kernel``.
+
+    The statistics are of ``d = x - k``, ``k`` the row's first element (as in the split forward). Each program
+    stores four partials of its block: the mean of d and the sum of its squared deviations (:func:`_block_stats`),
+    the sum of g = dy * w, and sum(g * (d - the block's mean)); the row's mean and variance merge the blocks'
+    (Chan's update), and sum(g * (x - mean)) is the blocks' last partials plus each block's sum of g times its
+    mean's offset from the row's, so nothing cancels however far the row sits from zero.
+    Grid: (groups * n_split,); program p takes column block ``p % n_split`` of the rows ``group, group + groups,
+    ...`` (``group = p // n_split``) and stores its block's dw and db sums over them in row ``group`` of dw_ptr and
+    db_ptr ((groups, n_cols) float32, written only if HAS_WEIGHT / HAS_BIAS). PREFETCH: the program's next row is
+    loaded while it waits (its last loads its own row again). partial_ptr: (n_rows, 4 * SPLIT_BLOCK) float32;
+    arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks).
+    """
+    pid = tl.program_id(0)
+    part = pid % n_split
+    group = pid // n_split
+    groups = tl.num_programs(0) // n_split
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    count = tl.minimum(n_cols - part * BLOCK_N, BLOCK_N).to(tl.float32)
+    parts = tl.arange(0, SPLIT_BLOCK)
+    counts = tl.minimum(tl.maximum(n_cols - parts * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    db = tl.zeros([BLOCK_N], tl.float32)
+    x_next = load_tile(x_ptr + group * stride_xm + cols, mask, 0.0, EVEN_N, "")
+    dy_next = load_tile(dy_ptr + group * stride_dym + cols, mask, 0.0, EVEN_N, "")
+    for row in range(group, n_rows, groups):
+        if PREFETCH:
+            x_in, dy_in = x_next, dy_next
+        else:
+            x_in = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "")
+            dy_in = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "")
+        k = tl.load(x_ptr + row * stride_xm).to(tl.float32)
+        g = dy_in.to(tl.float32)
+        if HAS_WEIGHT:
+            g = g * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        partial_row = partial_ptr + row * (4 * SPLIT_BLOCK)
+        seen = 0
+        if PHASE != 2:
+            x = x_in.to(tl.float32)
+            mean_part, m2_part = _block_stats(x, mask, k, count, EVEN_N)
+            tl.store(partial_row + part, mean_part)
+            tl.store(partial_row + SPLIT_BLOCK + part, m2_part)
+            tl.store(partial_row + 2 * SPLIT_BLOCK + part, tl.sum(g, axis=0))
+            tl.store(partial_row + 3 * SPLIT_BLOCK + part, tl.sum(g * ((x - k) - mean_part), axis=0))
+        if PHASE == 0:
+            seen = arrive_at_row(arrived_ptr, row)
+        if PREFETCH:
+            following = tl.minimum(row + groups, n_rows - 1)
+            x_next = load_tile(x_ptr + following * stride_xm + cols, mask, 0.0, EVEN_N, "")
+            dy_next = load_tile(dy_ptr + following * stride_dym + cols, mask, 0.0, EVEN_N, "")
+        if PHASE == 0:
+            wait_until_arrived(arrived_ptr, row, n_split, seen)
+        if PHASE != 1:
+            means = load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK)
+            m2s = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+            g_sums = load_row_partials(partial_row, 2, n_split, 0.0, SPLIT_BLOCK)
+            g_devs = load_row_partials(partial_row, 3, n_split, 0.0, SPLIT_BLOCK)
+            if PHASE == 0:
+                leave_row(arrived_ptr, row, part, n_split)
+            mean = tl.sum(counts * means, axis=0) / n_cols
+            spread = means - mean
+            rstd = tl.rsqrt((tl.sum(m2s, axis=0) + tl.sum(counts * spread * spread, axis=0)) / n_cols + eps)
+            mean_g = tl.sum(g_sums, axis=0) / n_cols
+            mean_gxhat = rstd * (tl.sum(g_devs, axis=0) + tl.sum(g_sums * spread, axis=0)) / n_cols
+            dy = widen_after_wait(dy_in)
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            xhat = ((widen_after_wait(x_in) - k) - mean) * rstd
+            dx = (g - mean_g - xhat * mean_gxhat) * rstd
+            store_tile(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")
+            if HAS_WEIGHT:
+                dw += dy * xhat
+            if HAS_BIAS:
+                db += dy
+    if PHASE != 1:
+        if HAS_WEIGHT:
+            store_tile(dw_ptr + group * n_cols + cols, dw, mask, EVEN_N, "")
+        if HAS_BIAS:
+            store_tile(db_ptr + group * n_cols + cols, db, mask, EVEN_N, "")

@@ -1,12 +1,13 @@
-"""The rms norms' backward implementations for long rows, side by side, at every configuration tuning would try.
+"""The norms' backward implementations for long rows, side by side, at every configuration tuning would try.
 
-rms_norm's and add_rms_norm's ``split`` backward reads x and dy twice (a kernel for each row's statistics, then
-one over column blocks of row groups), which bounds the forward+backward at 0.71 of copy; ``split_rows`` reads
-them once (a row's programs exchange its two sums, in groups that loop over rows). For each case this checks
-each configuration of each implementation against the op's reference (the package's tolerance, dweight by the
-norm of its error) and times the ones that match (``do_bench``: L2 flushed, median, compiled ahead in worker
-processes). Bytes a call: x and dy read, dx written (add_rms_norm: grad_s read too), the weight read once;
-fractions are of a device-to-device copy measured in the same run. Writes JSON with provenance.
+The ``split`` backwards of rms_norm, add_rms_norm and layer_norm read x and dy twice (a kernel for each row's
+statistics, then one over column blocks of row groups), which bounds the forward+backward at 0.71 of copy;
+``split_rows`` reads them once (a row's programs exchange its statistics, in groups that loop over rows). For each
+case this checks each configuration of each implementation against the op's reference (the package's tolerance,
+the parameter gradients by the norm of their error) and times the ones that match (``do_bench``: L2 flushed,
+median, compiled ahead in worker processes). Bytes a call: x and dy read, dx written (add_rms_norm: grad_s read
+too), the weight read once (layer_norm's bias not counted); fractions are of a device-to-device copy measured in
+the same run. Writes JSON with provenance.
 
     python benchmarks/norm_backward_split_rows.py --out split-rows.json
     python benchmarks/norm_backward_split_rows.py --interpret --rows 5 --lengths 9000 --out check.json
@@ -72,7 +73,7 @@ def measure_case(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = argument_parser(__doc__, DEFAULT_LENGTHS).parse_args(argv)
-    ops = (kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward)
+    ops = (kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward)
     groups = [({"op": op.name}, functools.partial(measure_case, op)) for op in ops]
     return run_cases(args, Path(__file__).name, groups)
 

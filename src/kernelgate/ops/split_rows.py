@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.tiles import exp_below_max
+from kernelgate.ops.tiles import exp_below_max, load_tile
 
 
 @triton.jit
@@ -192,3 +192,45 @@ def split_row_pair(
         if PHASE == 0:
             leave_row(arrived_ptr, row, part, n_split)
     return a_parts, b_parts
+
+
+# --- groups of a row's programs that loop over rows (the norms' split_rows backwards) -------------------------------
+# Program p holds block ``p % n_split`` of rows ``group, group + groups, ...`` (``group = p // n_split``), so that it
+# can sum a weight's gradient over its rows in registers (``rowwise.split_rows_groups``).
+
+
+@triton.jit
+def row_group_block(n_split, n_cols, BLOCK_N: tl.constexpr):
+    """This program's block index in a row, its group, the groups' count, the block's columns and which of them
+    are in the row."""
+    pid = tl.program_id(0)
+    part = pid % n_split
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    return part, pid // n_split, tl.num_programs(0) // n_split, cols, cols < n_cols
+
+
+@triton.jit
+def load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, UNMASKED: tl.constexpr):
+    """``row``'s blocks of x and dy at ``cols``, as loaded (0 outside ``mask`` unless UNMASKED)."""
+    x = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, UNMASKED, "")
+    dy = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, UNMASKED, "")
+    return x, dy
+
+
+@triton.jit
+def exchange_then_prefetch(
+    arrived_ptr, row, n_split, x_ptr, dy_ptr, following, stride_xm, stride_dym, cols, mask, x_next, dy_next,
+    PHASE: tl.constexpr, PREFETCH: tl.constexpr, UNMASKED: tl.constexpr,
+):  # fmt: skip
+    """Once this program's partials of ``row`` are stored: count them in, and wait for the row's other programs'
+    (on a GPU: PHASE 0). With PREFETCH the blocks of row ``following`` are loaded between the two, so they are in
+    flight during the wait (issued before the arrival, its release would wait for them), and returned; without it,
+    ``x_next`` and ``dy_next`` as given."""
+    seen = 0
+    if PHASE == 0:
+        seen = arrive_at_row(arrived_ptr, row)
+    if PREFETCH:
+        x_next, dy_next = load_block_pair(x_ptr, dy_ptr, following, stride_xm, stride_dym, cols, mask, UNMASKED)
+    if PHASE == 0:
+        wait_until_arrived(arrived_ptr, row, n_split, seen)
+    return x_next, dy_next

@@ -10,12 +10,13 @@ import triton
 import triton.language as tl
 
 from kernelgate.ops.split_rows import (
-    arrive_at_row,
+    exchange_then_prefetch,
     leave_row,
+    load_block_pair,
     load_row_partials,
+    row_group_block,
     split_row_block,
     split_row_sum,
-    wait_until_arrived,
     widen_after_wait,
 )
 from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
@@ -430,38 +431,26 @@ def _rms_norm_bwd_split_rows_kernel(
     (n_rows, 2 * SPLIT_BLOCK) float32; arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of
     BLOCK_N (no masks).
     """
-    pid = tl.program_id(0)
-    part = pid % n_split
-    group = pid // n_split
-    groups = tl.num_programs(0) // n_split
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < n_cols
+    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
     dw = tl.zeros([BLOCK_N], tl.float32)
-    x_next = load_tile(x_ptr + group * stride_xm + cols, mask, 0.0, EVEN_N, "")
-    dy_next = load_tile(dy_ptr + group * stride_dym + cols, mask, 0.0, EVEN_N, "")
+    x_next, dy_next = load_block_pair(x_ptr, dy_ptr, group, stride_xm, stride_dym, cols, mask, EVEN_N)
     for row in range(group, n_rows, groups):
         if PREFETCH:
             x_in, dy_in = x_next, dy_next
         else:
-            x_in = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "")
-            dy_in = load_tile(dy_ptr + row * stride_dym + cols, mask, 0.0, EVEN_N, "")
+            x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
         x = x_in.to(tl.float32)
         g = dy_in.to(tl.float32)
         if HAS_WEIGHT:
             g = g * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
-        seen = 0
         if PHASE != 2:
             tl.store(partial_row + part, tl.sum(x * x, axis=0))
             tl.store(partial_row + SPLIT_BLOCK + part, tl.sum(g * x, axis=0))
-        if PHASE == 0:
-            seen = arrive_at_row(arrived_ptr, row)
-        if PREFETCH:
-            following = tl.minimum(row + groups, n_rows - 1)
-            x_next = load_tile(x_ptr + following * stride_xm + cols, mask, 0.0, EVEN_N, "")
-            dy_next = load_tile(dy_ptr + following * stride_dym + cols, mask, 0.0, EVEN_N, "")
-        if PHASE == 0:
-            wait_until_arrived(arrived_ptr, row, n_split, seen)
+        x_next, dy_next = exchange_then_prefetch(
+            arrived_ptr, row, n_split, x_ptr, dy_ptr, tl.minimum(row + groups, n_rows - 1), stride_xm, stride_dym,
+            cols, mask, x_next, dy_next, PHASE, PREFETCH, EVEN_N,
+        )  # fmt: skip
         if PHASE != 1:
             sum_xx = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
             sum_gx = tl.sum(load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)

@@ -1246,22 +1246,24 @@ def test_a_miss_of_kernels_that_stream_rows_twice_states_the_bound_that_sets(
 
 def test_the_backward_a_row_says_ran_decides_its_second_pass(interpreted: list[bench.BenchRow]) -> None:
     """Where a forward+backward row's note names the backward that ran, that decides whether it streams rows twice:
-    a split backward at rows of 16384 does (one block would hold them), a single-block one at 32768 does not; the
-    run writes the decision into every forward+backward row of kernelgate and its kernels at bandwidth shapes."""
+    a split backward at rows of 16384 does (one block would hold them), a single-block one at 32768 does not, nor
+    does a split_rows one (a row's blocks held by programs that exchange its sums) at 32768; the run writes the
+    decision into every forward+backward row of kernelgate and its kernels at bandwidth shapes."""
     eager, ours = _rms_norm_step_rows(interpreted, 4096, 16384, "auto: single_b (")
     split = dataclasses.replace(
         ours, impl="triton:single_block", note="single_block[ROWS=1]; backward ran: split[BLOCK_N=1024,num_warps=8]"
     )
     (text,) = [t for t in bench.misses([eager, ours, split]) if "bandwidth (target 0.80)" in t]
     assert "(its split backward, 2*M*N*e: x and dy read again), 1.40 times" in text, text
-    once = dataclasses.replace(split, note="single_block[ROWS=1]; backward ran: single_block[ROWS=1,num_warps=32]")
     long = {"shape": "2048x32768", "rows": 2048, "row_length": 32768}
-    (text,) = [
-        t
-        for t in bench.misses([dataclasses.replace(r, **long) for r in (eager, ours, once)])
-        if "bandwidth (target 0.80)" in t
-    ]
-    assert "stream rows twice" not in text, text
+    for ran in ("single_block[ROWS=1,num_warps=32]", "split_rows[BLOCK_N=4096,PER_SM=2,PREFETCH=0,num_warps=8]"):
+        once = dataclasses.replace(split, note=f"single_block[ROWS=1]; backward ran: {ran}")
+        (text,) = [
+            t
+            for t in bench.misses([dataclasses.replace(r, **long) for r in (eager, ours, once)])
+            if "bandwidth (target 0.80)" in t
+        ]
+        assert "stream rows twice" not in text, (ran, text)
     recorded = [
         r
         for r in interpreted

@@ -45,7 +45,8 @@ class Rereads:
 
     ``forward``: a forward implementation whose name ends in ``looped`` (a first pass for the row's statistics,
     a second that writes). ``backward``: a backward implementation of ``backward_op`` other than one of
-    ``single_pass`` (the looped and split backwards read each row for its sums, then again for the gradient);
+    ``single_pass`` (the looped and split backwards read each row for its sums, then again for the gradient; the
+    single-block and split_rows ones hold a row's blocks in registers while they take its sums, and read it once);
     where a row does not say which ran, a backward at rows longer than ``one_block``, which no single-block kernel
     takes. The summary of ``kernelgate bench`` compares a miss with the bound these set at the copy rate, every
     pass from memory.
@@ -55,7 +56,7 @@ class Rereads:
     backward: Bytes
     backward_op: str
     one_block: int = MAX_SINGLE_BLOCK
-    single_pass: tuple[str, ...] = ("single_block",)
+    single_pass: tuple[str, ...] = ("single_block", "split_rows")
 
 
 def _rows_by_last(shape: tuple[int, ...]) -> tuple[int, int]:

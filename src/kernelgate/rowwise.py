@@ -674,7 +674,7 @@ def split_rows_backward_impl(
         per_thread = config["BLOCK_N"] // (32 * config["num_warps"])
         low, high = SPLIT_ROWS_BACKWARD_PER_THREAD
         # Four programs a multiprocessor only for blocks of 2048: on the H100 the fastest configurations of blocks of
-        # 2048 all took four, those of larger blocks all two (benchmarks/results/h100/norm-backward-split-rows-c49c5f4).
+        # 2048 all took four, those of larger blocks all two (benchmarks/results/h100/norm-backward-split-rows-80f70db).
         per_sm = config["PER_SM"] == (4 if config["BLOCK_N"] == 2048 else 2)
         return low <= per_thread <= high and config["BLOCK_N"] < n_cols(*args) and per_sm
 

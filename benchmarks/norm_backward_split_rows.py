@@ -9,28 +9,140 @@ median, compiled ahead in worker processes). Bytes a call: x and dy read, dx wri
 too), the weight read once (layer_norm's bias not counted); fractions are of a device-to-device copy measured in
 the same run. Writes JSON with provenance.
 
+Beside the package's two, rms_norm's and add_rms_norm's backwards run a variant, ``split_rows_lagged``: the
+package's split_rows kernel with each row's wait put off by one row. A program stores its partials of row i and
+arrives, then waits for row i - 1 (whose programs all arrived an iteration ago) and writes its dx, so the
+exchange's latency is spent on that work instead of idle; it holds two rows (three with PREFETCH). In bfloat16 the
+package's kernel stays far from the read-once bound (``results/h100/norm-backward-split-rows-80f70db``), and the
+exchange, paid once a row, is the suspect this variant tests.
+
     python benchmarks/norm_backward_split_rows.py --out split-rows.json
     python benchmarks/norm_backward_split_rows.py --interpret --rows 5 --lengths 9000 --out check.json
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from variant_timing import argument_parser, run_cases  # beside this script
+import triton
+import triton.language as tl
+from variant_timing import argument_parser, package_impl, run_cases  # beside this script
 
 import kernelgate
+from kernelgate import rowwise
 from kernelgate.compile_ahead import compile_ahead, default_workers
-from kernelgate.op import Op
+from kernelgate.launch import LazyKernel
+from kernelgate.op import Op, TritonImpl
+from kernelgate.ops.split_rows import (
+    arrive_at_row,
+    leave_row,
+    load_block_pair,
+    load_row_partials,
+    row_group_block,
+    wait_until_arrived,
+    widen_after_wait,
+)
+from kernelgate.ops.tiles import load_tile, store_tile
 from kernelgate.selection import compare, run_candidate
+
+rms_norm_module = importlib.import_module("kernelgate.ops.rms_norm")
 
 DEFAULT_LENGTHS = (16384, 32768, 65536, 131072)
 IMPLEMENTATIONS = ("split", "split_rows")
+
+
+@triton.jit
+def _rms_norm_bwd_lagged_kernel(
+    dy_ptr, ds_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, partial_ptr, arrived_ptr, stride_dym, stride_dsm, stride_xm,
+    stride_dxm, n_cols, n_split, n_rows, eps, HAS_DS: tl.constexpr, HAS_WEIGHT: tl.constexpr, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """The package's ``_rms_norm_bwd_split_rows_kernel`` (same arguments, grid and results) with each row's wait
+    put off by one row: iteration i stores row i's partials and arrives, then (PREFETCH: after issuing row i + 1's
+    loads) waits for row i - 1 and writes its dx; a last iteration finishes the group's last row. A program waits
+    only for a row whose programs all arrived before they could wait on anything later, so none waits for ever."""
+    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
+    rows_here = tl.cdiv(n_rows - group, groups)
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    x_next, dy_next = load_block_pair(x_ptr, dy_ptr, group, stride_xm, stride_dym, cols, mask, EVEN_N)
+    x_prev, dy_prev = x_next, dy_next
+    seen_prev = 0
+    for i in range(0, rows_here + 1):
+        row = group + i * groups
+        x_in, dy_in = x_prev, dy_prev
+        seen = 0
+        if i < rows_here:
+            if PREFETCH:
+                x_in, dy_in = x_next, dy_next
+            else:
+                x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
+            x = x_in.to(tl.float32)
+            g = dy_in.to(tl.float32)
+            if HAS_WEIGHT:
+                g = g * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
+            if PHASE != 2:
+                tl.store(partial_row + part, tl.sum(x * x, axis=0))
+                tl.store(partial_row + SPLIT_BLOCK + part, tl.sum(g * x, axis=0))
+            if PHASE == 0:
+                seen = arrive_at_row(arrived_ptr, row)
+            if PREFETCH:
+                following = tl.minimum(row + groups, n_rows - 1)
+                x_next, dy_next = load_block_pair(x_ptr, dy_ptr, following, stride_xm, stride_dym, cols, mask, EVEN_N)
+        if i > 0:
+            previous = row - groups
+            if PHASE == 0:
+                wait_until_arrived(arrived_ptr, previous, n_split, seen_prev)
+            if PHASE != 1:
+                partial_prev = partial_ptr + previous * (2 * SPLIT_BLOCK)
+                sum_xx = tl.sum(load_row_partials(partial_prev, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
+                sum_gx = tl.sum(load_row_partials(partial_prev, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)
+                if PHASE == 0:
+                    leave_row(arrived_ptr, previous, part, n_split)
+                rstd = tl.rsqrt(sum_xx / n_cols + eps)
+                c = rstd * rstd * rstd * (sum_gx / n_cols)
+                x = widen_after_wait(x_prev)
+                dy = widen_after_wait(dy_prev)
+                g = dy
+                if HAS_WEIGHT:
+                    g = dy * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+                dx = rstd * g - c * x
+                if HAS_DS:
+                    dx += load_tile(ds_ptr + previous * stride_dsm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+                store_tile(dx_ptr + previous * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")
+                if HAS_WEIGHT:
+                    dw += dy * (x * rstd)
+        x_prev, dy_prev, seen_prev = x_in, dy_in, seen
+    if HAS_WEIGHT and PHASE != 1:
+        store_tile(dw_ptr + group * n_cols + cols, dw, mask, EVEN_N, "")
+
+
+# By the module's importable name (not "__main__" when it runs as a script): the compile workers import it by name.
+LAGGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_lagged_kernel")
+
+
+def lagged_variant(op: Op) -> TritonImpl:
+    """``op``'s split_rows implementation (rms_norm's or add_rms_norm's backward) with the lagged kernel in place of
+    the package's, at the same configurations."""
+    split_rows = package_impl(op, "split_rows")
+    run = functools.partial(rms_norm_module.run_backward_split_rows, kernel=LAGGED)
+
+    def launch(*args: Any, config: Any) -> Any:
+        if op.name == "add_rms_norm_backward":  # (grad, grad_s, s, weight, eps)
+            return run(*args, config)
+        grad, x, weight, eps = args
+        return run(grad, None, x, weight, eps, config)
+
+    return dataclasses.replace(
+        split_rows, name="split_rows_lagged", launcher=launch, kernels=(LAGGED, rowwise.PARTIAL_SUMS)
+    )
 
 
 def measure_case(
@@ -43,10 +155,13 @@ def measure_case(
     tensors_read = 3 if op.name == "add_rms_norm_backward" else 2  # grad, (grad_s), x
     nbytes = ((tensors_read + 1) * rows * n + n) * dtype.itemsize
     expected = op.reference(*values)
+    impls = [impl for impl in op.implementations if impl.name in IMPLEMENTATIONS]
+    if op.name != "layer_norm_backward":
+        impls.append(lagged_variant(op))
     jobs = [
         (impl, config)
-        for impl in op.implementations
-        if impl.name in IMPLEMENTATIONS and (impl.supports is None or impl.supports(*values) is None)
+        for impl in impls
+        if impl.supports is None or impl.supports(*values) is None
         for config in impl.candidate_configs(values)
     ]
     if not interpret:

@@ -214,17 +214,19 @@ def run_backward_split_rows(
     weight: torch.Tensor | None,
     eps: float,
     config: Config,
+    *,
+    kernel: LazyKernel = RMS_NORM_BWD_SPLIT_ROWS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`run_backward` in one kernel that reads x and grad once: each row split over programs that exchange its
     sums, in groups that loop over rows (:func:`kernelgate.rowwise.split_rows_groups`), a row of dweight's partial
-    sums a group."""
+    sums a group. ``kernel``: one with ``_rms_norm_bwd_split_rows_kernel``'s arguments (a benchmark's variant)."""
     x_rows, g_rows, ds_rows, w = _backward_operands(grad, grad_s, x, weight)
     n_rows, n_cols, block = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"]
     groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
     dx = empty(x.shape, dtype=x.dtype, device=x.device)
     partial = torch.empty((groups, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
     rowwise.launch_split_rows(
-        RMS_NORM_BWD_SPLIT_ROWS, x_rows, (g_rows.tensor, ds_rows.tensor, x_rows.tensor,
+        kernel, x_rows, (g_rows.tensor, ds_rows.tensor, x_rows.tensor,
         x_rows.tensor if w is None else w, dx, partial), (g_rows.stride, ds_rows.stride, x_rows.stride, n_cols),
         (n_rows, eps), 2, config=config, groups=groups, HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None,
         PREFETCH=bool(config["PREFETCH"]), EVEN_N=n_cols % block == 0,

@@ -8,7 +8,9 @@ the row's count in ``arrived`` (``(n_rows,)`` int32, zero at launch) and waits u
 programs have. Then every program combines the row's partials, counts itself out (:func:`leave_row`: once the
 row's programs all have, its count is zero again) and writes its block of the result. A launch leaves the counts
 as it found them, so one buffer of zeros serves every launch on a stream (``rowwise.split_rows_counts``) with no
-fill kernel before each.
+fill kernel before each. The norms' backwards launch fewer programs than that: groups of a row's ``n_split``
+programs, each group looping over every ``groups``-th row (the helpers at the end of this module), so that a
+program can sum its block's weight gradient over its rows in registers.
 
 Waiting is safe because a GPU starts programs in the order of their ids, and a row's programs are consecutive
 and no more than can run at once (the launchers keep ``n_split`` at most the multiprocessors' count,

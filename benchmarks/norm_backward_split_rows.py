@@ -33,11 +33,10 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from variant_timing import argument_parser, package_impl, run_cases  # beside this script
+from variant_timing import argument_parser, check_and_time, package_impl, run_cases  # beside this script
 
 import kernelgate
 from kernelgate import rowwise
-from kernelgate.compile_ahead import compile_ahead, default_workers
 from kernelgate.launch import LazyKernel
 from kernelgate.op import Op, TritonImpl
 from kernelgate.ops.split_rows import (
@@ -50,7 +49,6 @@ from kernelgate.ops.split_rows import (
     widen_after_wait,
 )
 from kernelgate.ops.tiles import load_tile, store_tile
-from kernelgate.selection import compare, run_candidate
 
 rms_norm_module = importlib.import_module("kernelgate.ops.rms_norm")
 
@@ -154,36 +152,10 @@ def measure_case(
     values = tuple(op.make_inputs((rows, n), dtype, device))
     tensors_read = 3 if op.name == "add_rms_norm_backward" else 2  # grad, (grad_s), x
     nbytes = ((tensors_read + 1) * rows * n + n) * dtype.itemsize
-    expected = op.reference(*values)
     impls = [impl for impl in op.implementations if impl.name in IMPLEMENTATIONS]
     if op.name != "layer_norm_backward":
         impls.append(lagged_variant(op))
-    jobs = [
-        (impl, config)
-        for impl in impls
-        if impl.supports is None or impl.supports(*values) is None
-        for config in impl.candidate_configs(values)
-    ]
-    if not interpret:
-        compile_ahead(
-            [functools.partial(run_candidate, i, c, values, False, False) for i, c in jobs], default_workers()
-        )
-    results = []
-    for impl, config in jobs:
-        result: dict[str, Any] = {"variant": impl.name, "config": dict(config or {})}
-        got = run_candidate(impl, config, values, interpret, True)
-        mismatch = compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs)
-        result["matches_reference"] = mismatch is None
-        if mismatch is not None:
-            result["mismatch"] = str(mismatch)
-        elif not interpret:
-            from triton.testing import do_bench
-
-            us = do_bench(functools.partial(run_candidate, impl, config, values, False, False), warmup=10, rep=50,
-                          return_mode="median") * 1e3  # fmt: skip
-            result.update(time_us=round(us, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
-        results.append(result)
-    return results
+    return check_and_time(op, impls, values, op.reduction_length(*values), nbytes, interpret)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

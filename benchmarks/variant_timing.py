@@ -62,8 +62,9 @@ def check_and_time(
     """Check, then (on a GPU) time, every configuration of each of ``impls`` that supports ``values``.
 
     ``n_cols`` is the reduction length the tolerance scales with, ``nbytes`` the bytes a call moves (for
-    ``gbps``). With ``record_errors`` a configuration that raises (resources, shape) is recorded as ``error``
-    and the rest still run; without it the exception propagates.
+    ``gbps``). The op's ``normwise_outputs`` (a backward's parameter gradients) are compared by the norm of their
+    error. With ``record_errors`` a configuration that raises (resources, shape) is recorded as ``error`` and the
+    rest still run; without it the exception propagates.
     """
     expected = op.reference(*values)
     truth = float64_truth(op, values)
@@ -87,7 +88,7 @@ def check_and_time(
             result["error"] = f"{type(err).__name__}: {err}"[:300]
             results.append(result)
             continue
-        mismatch = compare(got, expected, n_cols, truth=truth)
+        mismatch = compare(got, expected, n_cols, normwise=op.normwise_outputs, truth=truth)
         result["matches_reference"] = mismatch is None
         if mismatch is not None:
             result["mismatch"] = str(mismatch)

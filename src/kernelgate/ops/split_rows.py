@@ -15,9 +15,10 @@ program can sum its block's weight gradient over its rows in registers.
 Waiting is safe because a GPU starts programs in the order of their ids, and a row's programs are consecutive
 and no more than can run at once (the launchers keep ``n_split`` at most the multiprocessors' count,
 ``rowwise.split_rows_count``): the first row not yet done has all its programs running, so some row always
-completes. It assumes the kernel has the device to itself as a launch normally does; a GPU partitioned into
-fewer multiprocessors than ``n_split`` (MPS limits, green contexts) could leave a row's last programs waiting
-for a place that never frees.
+completes. Groups that loop over rows keep this: a group's programs are consecutive, every group started whole
+finishes all its rows and leaves, and so the one started in part gets its other programs. It assumes the kernel has
+the device to itself as a launch normally does; a GPU partitioned into fewer multiprocessors than ``n_split`` (MPS
+limits, green contexts) could leave a row's last programs waiting for a place that never frees.
 
 Triton's interpreter runs programs one after another, so a program there cannot wait for another: the kernels
 take ``PHASE``, 0 on a GPU (everything in one launch), and under the interpreter 1 (partials only) then 2 (the

@@ -555,6 +555,40 @@ def test_shape_not_matching(shape: Any, error: type[Exception], message: str) ->
         NORMALISE(torch.randn(2, 3, 4), shape)
 
 
+@pytest.mark.parametrize(
+    ("call", "argument", "received"),
+    [
+        (lambda t: kernelgate.layer_norm(torch.randn(4, 300), t), "normalized_shape", "Tensor of shape (300,)"),
+        (
+            lambda t: kernelgate.softmax(torch.randn(4, 300), t[0]),
+            "dim",
+            "Tensor of shape (), dtype float32 on cpu (its .",
+        ),
+        (lambda t: kernelgate.rms_norm(torch.randn(4, 300), None, t[0]), "eps", "Tensor of shape (), dtype float32"),
+        (
+            lambda t: kernelgate.cross_entropy(torch.randn(4, 3), torch.zeros(4, dtype=torch.long), reduction=t),
+            "reduction",
+            "Tensor of shape (300,), dtype float32 on cpu",
+        ),
+    ],
+)
+def test_a_tensor_where_a_python_value_belongs_is_named_by_shape_not_values(
+    call: Any, argument: str, received: str
+) -> None:
+    """A tensor passed for a shape, dim, scalar or choice (layer_norm's weight in normalized_shape's place) is
+    described by its shape, dtype and device: the message never prints the tensor's values."""
+    values = torch.full((300,), 1234.5)
+    with pytest.raises(InputTypeError, match=rf"argument '{argument}' must be .*; got {re.escape(received)}") as info:
+        call(values)
+    assert "1234" not in str(info.value) and "tensor(" not in str(info.value)
+    assert len(str(info.value)) < 300
+
+
+def test_a_long_shape_is_shown_shortened() -> None:
+    with pytest.raises(InputValueError, match=r"got \(0, 1, 2, 3, 4, 5, 6, 7, \.\.\.\)\. Pass x\.shape\[-k:\]"):
+        NORMALISE(torch.randn(2, 3, 4), list(range(40)))
+
+
 def test_shape_of_an_optional_tensor_is_a_declaration_error() -> None:
     with pytest.raises(DeclarationError, match=r"ShapeArg 's' cannot refer to the optional tensor 'x'"):
         Op(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
@@ -28,6 +29,24 @@ FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.fl
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+_short = reprlib.Repr()  # keyword arguments need Python 3.12
+_short.maxstring = _short.maxother = 60
+_short.maxlist = _short.maxtuple = 8
+
+
+def _received(value: Any) -> str:
+    """What a non-tensor argument got, for an error message: its type and a short repr (a tensor, passed where a
+    scalar, dim, shape or choice was wanted, by its shape, dtype and device, never by its values).
+
+    >>> _received(torch.zeros(300)), _received(1.5), _received(tuple(range(20)))
+    ('Tensor of shape (300,), dtype float32 on cpu', 'float 1.5', 'tuple (0, 1, 2, 3, 4, 5, 6, 7, ...)')
+    """
+    if isinstance(value, torch.Tensor):
+        what = f"Tensor of shape {_shape(value)}, dtype {_dtype_name(value.dtype)} on {value.device}"
+        return what + (" (its .item() is a Python number)" if value.dim() == 0 else "")
+    return f"{type(value).__name__} {_short.repr(value)}"
 
 
 def _join(words: Sequence[str]) -> str:
@@ -221,7 +240,7 @@ def _check_scalar(op: str, spec: ScalarArg, value: Any) -> None:
     else:
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not ok:
-        got = f"{type(value).__name__} {value!r}"
+        got = _received(value)
         example = {"float": "1e-6", "int": "1", "bool": "True"}[kind]
         raise InputTypeError(
             f"{op}(): argument {spec.name!r} must be a Python {kind}; got {got}. Pass a {kind}, e.g. "
@@ -245,7 +264,7 @@ def _check_scalar(op: str, spec: ScalarArg, value: Any) -> None:
 
 def _check_dim(op: str, spec: DimArg, value: Any, values: Mapping[str, Any]) -> None:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        got = f"{type(value).__name__} {value!r}"
+        got = _received(value)
         raise InputTypeError(
             f"{op}(): argument {spec.name!r} must be a Python int; got {got}. Pass an int, e.g. {spec.name}=-1."
         )
@@ -262,8 +281,7 @@ def _check_choice(op: str, spec: ChoiceArg, value: Any) -> None:
     if not isinstance(value, str) or value not in spec.choices:
         options = _join([repr(c) for c in spec.choices])
         raise (InputValueError if isinstance(value, str) else InputTypeError)(
-            f"{op}(): argument {spec.name!r} must be {options}; got {type(value).__name__} {value!r}. "
-            f"Pass one of those strings."
+            f"{op}(): argument {spec.name!r} must be {options}; got {_received(value)}. Pass one of those strings."
         )
 
 
@@ -271,15 +289,16 @@ def _check_shape(op: str, spec: ShapeArg, value: Any, values: Mapping[str, Any])
     ok = isinstance(value, Sequence) and not isinstance(value, str) and len(value) > 0
     if not ok or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value):
         raise InputTypeError(
-            f"{op}(): argument {spec.name!r} must be a non-empty tuple of ints; got {type(value).__name__} "
-            f"{value!r}. Pass the trailing sizes of {spec.of!r}, e.g. {spec.name}={spec.of}.shape[-1:]."
+            f"{op}(): argument {spec.name!r} must be a non-empty tuple of ints; got "
+            f"{_received(value)}. Pass the trailing sizes of {spec.of!r}, e.g. {spec.name}={spec.of}.shape[-1:]."
         )
     tensor = values[spec.of]
     tail = tuple(tensor.shape[tensor.dim() - len(value) :]) if len(value) <= tensor.dim() else None
     if tail != tuple(int(v) for v in value):
         raise InputValueError(
             f"{op}(): argument {spec.name!r} must equal the trailing sizes of {spec.of!r} (shape "
-            f"{_shape(tensor)}); got {tuple(value)}. Pass {spec.of}.shape[-k:] for the k dimensions to normalise."
+            f"{_shape(tensor)}); got {_short.repr(tuple(value))}. Pass {spec.of}.shape[-k:] for the k dimensions to "
+            "normalise."
         )
 
 

@@ -21,10 +21,10 @@ def _gpu_here() -> bool:
     return torch.cuda.is_available() and backend.status().gpu
 
 
-def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, cwd: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
     import os
 
-    env = {**os.environ, "COLUMNS": "200", "KERNELGATE_CACHE_DIR": str(cwd / "cache")}
+    env = {**os.environ, "COLUMNS": "200", "KERNELGATE_CACHE_DIR": str(cwd / "cache"), **extra_env}
     return subprocess.run(
         [sys.executable, "-m", "kernelgate", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
     )
@@ -112,6 +112,38 @@ def test_tune_then_cache_show_export_clear_import(tmp_path: Path) -> None:
     assert "imported 2 decision(s)" in _run("cache", "import", str(exported), cwd=tmp_path).stdout
     again = _run("tune", "softmax", "--shape", "4x100", "--interpret", cwd=tmp_path)
     assert _statuses(again.stdout) == ["cached"]
+
+
+def test_retune_decides_cached_buckets_again_and_keeps_the_others(tmp_path: Path) -> None:
+    """tune --retune tunes a bucket decided before again (its candidates gated and timed anew, logged) and replaces
+    its decision; other buckets' decisions stay as they were."""
+    log = tmp_path / "log.csv"
+
+    def tuned_rows(op: str) -> int:
+        return sum(r["path"] == "tune" and r["op"] == op for r in csv.DictReader(log.open()))
+
+    def decisions() -> dict[str, dict[str, object]]:
+        entries = json.loads((tmp_path / "cache" / "decisions-v1.json").read_text())["entries"]
+        return {json.loads(key)[0]: entry for key, entry in entries.items()}
+
+    first = _run(
+        "tune", "softmax", "rms_norm", "--shape", "4x100", "--interpret", cwd=tmp_path, KERNELGATE_LOG=str(log)
+    )
+    assert _statuses(first.stdout) == ["tuned", "tuned"], first.stderr
+    softmax_rows, rms_norm_rows, before = tuned_rows("softmax"), tuned_rows("rms_norm"), decisions()
+    assert softmax_rows >= 2 and rms_norm_rows >= 2
+    again = _run(
+        "tune", "softmax", "--shape", "4x100", "--interpret", "--retune", cwd=tmp_path, KERNELGATE_LOG=str(log)
+    )
+    assert again.returncode == EXIT_OK, again.stderr
+    assert _statuses(again.stdout) == ["retuned"]
+    assert tuned_rows("softmax") == 2 * softmax_rows, "every candidate was gated and timed again"
+    assert tuned_rows("rms_norm") == rms_norm_rows
+    after = decisions()
+    assert set(after) == {"softmax", "rms_norm"} and after["rms_norm"] == before["rms_norm"]
+    assert after["softmax"]["candidates"].keys() == before["softmax"]["candidates"].keys()
+    unknown = _run("tune", "softmax", "--shape", "4x100", "--dtype", "float16", "--interpret", "--retune", cwd=tmp_path)
+    assert _statuses(unknown.stdout) == ["tuned"], "a bucket never decided is simply tuned"
 
 
 def test_tune_from_a_file_and_within_a_budget(tmp_path: Path) -> None:

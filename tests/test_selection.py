@@ -528,6 +528,22 @@ def test_two_processes_tuning_into_one_cache_lose_no_entries(tmp_path: Path) -> 
     assert not list(cache.glob(".decisions-*.tmp")), "no temporary file is left behind"
 
 
+def test_removing_a_decision_keeps_what_other_processes_wrote(tmp_path: Path) -> None:
+    """DecisionCache.remove drops its keys from memory and from the file, merged under the lock: an entry another
+    process wrote since this one read the file stays, and a key the file lacks counts as nothing removed."""
+    from kernelgate.cache import DecisionCache
+
+    ours, theirs = DecisionCache(tmp_path), DecisionCache(tmp_path)  # two processes' views of one directory
+    ours.put("a", {"implementation": "reference"})
+    ours.put("b", {"implementation": "reference"})
+    theirs.put("c", {"implementation": "reference"})
+    assert ours.remove(["a", "missing"]) == 1
+    assert ours.get("a") is None and ours.get("b") is not None and ours.get("c") is not None
+    assert set(cache_entries(tmp_path)) == {"b", "c"}
+    assert DecisionCache(tmp_path).get("a") is None, "a fresh process does not find it either"
+    assert ours.remove(["a"]) == 0
+
+
 # --- 7. corrupt, truncated and hostile cache files ---------------------------------------------
 
 

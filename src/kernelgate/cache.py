@@ -15,7 +15,7 @@ import os
 import tempfile
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,21 +91,38 @@ class DecisionCache:
         entries = self.entries()
         with self._lock:
             entries.update(new)
-            try:
-                self._write_merged(new, replace_all)
-            except OSError as err:
-                self._warn_once(
-                    "unwritable",
-                    f"cannot write the decision cache {str(self.path)!r} ({err}); decisions are kept in memory "
-                    f"only. Point KERNELGATE_CACHE_DIR at a writable directory.",
-                )
+            self._write(new, replace_all)
 
-    def _write_merged(self, new: Mapping[str, dict[str, Any]], replace_all: bool) -> None:
+    def remove(self, keys: Iterable[str]) -> int:
+        """Drop the entries under ``keys`` (memory and file; other processes' entries are kept); return how many
+        of them the file held. Their buckets are tuned again on their next call."""
+        gone = set(keys)
+        entries = self.entries()
+        with self._lock:
+            for key in gone:
+                entries.pop(key, None)
+            return self._write({}, False, gone)
+
+    def _write(self, new: Mapping[str, dict[str, Any]], replace_all: bool, drop: Collection[str] = ()) -> int:
+        """:meth:`_write_merged`, or where the file cannot be written, a warning (once) and 0."""
+        try:
+            return self._write_merged(new, replace_all, drop)
+        except OSError as err:
+            self._warn_once(
+                "unwritable",
+                f"cannot write the decision cache {str(self.path)!r} ({err}); decisions are kept in memory "
+                f"only. Point KERNELGATE_CACHE_DIR at a writable directory.",
+            )
+            return 0
+
+    def _write_merged(self, new: Mapping[str, dict[str, Any]], replace_all: bool, drop: Collection[str] = ()) -> int:
+        """Merge ``new`` into the file's entries, less those under ``drop``; return how many were dropped."""
         from filelock import FileLock
 
         self.directory.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.path) + ".lock", timeout=60):
             merged = {} if replace_all else self._read_file()
+            dropped = sum(merged.pop(key, None) is not None for key in drop)
             merged.update(new)
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".decisions-", suffix=".tmp")
             try:
@@ -121,7 +138,10 @@ class DecisionCache:
         if self._entries is not None:
             if replace_all:
                 self._entries.clear()
+            for key in drop:
+                self._entries.pop(key, None)
             self._entries.update(merged)
+        return dropped
 
     def clear(self) -> int:
         """Remove every entry (memory and file); return how many there were."""

@@ -250,7 +250,7 @@ def tune_command(console: Console, args: argparse.Namespace) -> int:
                 f"{result.seconds:.1f}",
             )
 
-        results = tune_specs(specs, device, budget_s=args.budget_s, on_result=show)
+        results = tune_specs(specs, device, budget_s=args.budget_s, on_result=show, retune=args.retune)
     console.print(table)
     console.print(f"decisions saved in {kernelgate.settings().cache_dir or default_cache_dir()}")
     return EXIT_PROBLEM if any(r.status == "error" for r in results) else EXIT_OK
@@ -441,6 +441,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--dtype", action="append", default=None, help="float32, float16, bfloat16 (repeatable)")
     tune.add_argument("--file", type=Path, help='JSON list of {"op", "shape", "dtype"} objects')
     tune.add_argument("--budget-s", type=float, default=None, help="start no new spec after this many seconds")
+    tune.add_argument(
+        "--retune", action="store_true", help="tune buckets decided before again, replacing their cached decisions"
+    )
     tune.add_argument("--interpret", action="store_true", help="tune the interpreter on the CPU (for tests)")
     cache = commands.add_parser("cache", help="show, export, import or clear the decision cache")
     cache.add_argument("action", choices=("show", "export", "import", "clear"))

@@ -4,7 +4,9 @@
 ((4096, 4096), torch.bfloat16)
 
 Each decision is saved to the cache as soon as it is made, so an interrupted run keeps what it
-finished. ``kernelgate tune`` is the command-line face of :func:`tune_specs`.
+finished. A bucket decided before keeps its decision unless ``retune`` asks for a new one (a decision
+that a later measurement contradicts: ``kernelgate bench`` names such buckets). ``kernelgate tune`` is
+the command-line face of :func:`tune_specs`.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from pathlib import Path
 
 import torch
 
+from kernelgate.cache import decision_cache
 from kernelgate.dispatch import Plan, Reason, use_mode
-from kernelgate.op import get_op
+from kernelgate.op import clear_memos, get_op
 from kernelgate.settings import configure, settings
 
 __all__ = ["TuneResult", "TuneSpec", "load_specs", "tune_specs"]
@@ -66,7 +69,9 @@ class TuneResult:
     spec: TuneSpec
     plan: Plan | None
     seconds: float
-    status: str  # "tuned", "cached", "not tunable" (e.g. no GPU), "skipped" (over budget), "error"
+    # "tuned", "retuned" (decided again, replacing the cached decision), "cached", "not tunable" (e.g. no GPU),
+    # "skipped" (over budget), "error"
+    status: str
     detail: str = ""
 
 
@@ -89,10 +94,12 @@ def tune_specs(
     *,
     budget_s: float | None = None,
     on_result: Callable[[TuneResult], None] | None = None,
+    retune: bool = False,
 ) -> list[TuneResult]:
     """Decide each spec's bucket on ``device`` (tuning is on for this call even if pinned off).
 
-    Specs not started within ``budget_s`` seconds are skipped. Decisions are saved as they are made.
+    Specs not started within ``budget_s`` seconds are skipped. Decisions are saved as they are made. A bucket
+    with a cached decision keeps it, or with ``retune`` is tuned again and its new decision replaces the old.
     """
     results: list[TuneResult] = []
     start = time.monotonic()
@@ -111,11 +118,18 @@ def tune_specs(
                     values = op.make_inputs(spec.shape, spec.dtype, device)
                     with use_mode("auto"):
                         before = op.explain(*values)
+                        decided = before.reason is not Reason.DEFAULT_CONFIG and before.key is not None
+                        if retune and decided:
+                            assert before.key is not None
+                            decision_cache(settings().cache_dir).remove([before.key])
+                            clear_memos()
                         plan = op.plan(*values)
                     if before.reason is Reason.DEFAULT_CONFIG:
                         status = "tuned"
+                    elif decided:
+                        status = "retuned" if retune else "cached"
                     else:
-                        status = "cached" if before.key is not None else "not tunable"
+                        status = "not tunable"
                     result = TuneResult(spec, plan, time.monotonic() - began, status)
                 except Exception as err:  # one bad spec does not end the run
                     result = TuneResult(spec, None, time.monotonic() - began, "error", f"{type(err).__name__}: {err}")

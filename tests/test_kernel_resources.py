@@ -149,7 +149,8 @@ def test_the_cli_adds_the_kernels_resources_to_a_redrawn_forward_miss(tmp_path: 
     summary = (tmp_path / "summary.md").read_text().splitlines()
     [miss] = [line for line in summary if line.startswith("- rms_norm") and "of copy bandwidth" in line]
     assert re.search(
-        r"; its kernel _rms_norm_fwd_kernel keeps \d+ registers a thread at \d+ warps and (none|\d+ bytes a thread) "
-        r"in local memory: \d+ programs? a multiprocessor, \d+ of its 64 warps \(compiled for sm_90 by Triton ",
+        r"; kernelgate's kernel _rms_norm_fwd_kernel keeps \d+ registers a thread at \d+ warps and "
+        r"(none|\d+ bytes a thread) in local memory: \d+ programs? a multiprocessor, \d+ of its 64 warps "
+        r"\(compiled for sm_90 by Triton ",
         miss,
     ), miss

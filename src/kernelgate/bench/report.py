@@ -332,6 +332,10 @@ def _find_misses(
             )
         step = _step_path(ours.note) if direction == FORWARD_BACKWARD else None
         cause, clause = _own_kernel_cause(ours, by_impl) if direction == FORWARD else ("", "")
+        if not cause and direction == FORWARD:
+            cause, clause = _tuning_cause(op, dtype, shape, ours, by_impl)
+            if cause:  # and where nothing measured reaches the target either, that too
+                clause += _field_cause(by_impl, floor)[1] if ours.regime == "bandwidth" else ""
         if not cause and step is not None and step.path == "eager":
             cause, clause = _eager_step_cause(ours, eager, step, by_impl)
         if not cause and direction == FORWARD_BACKWARD:
@@ -382,6 +386,48 @@ def _own_kernel_cause(ours: BenchRow, by_impl: dict[str, BenchRow]) -> tuple[str
         f"; kernelgate ran {label}, whose own row in this case took {same.time_us:.1f} us "
         f"({same.frac_of_copy:.2f} of copy): the kernel is not the cause, the difference is in kernelgate's call "
         "as timed here"
+    )
+
+
+# How much faster than the candidate kernelgate ran another implementation's own row (at its tuned configuration,
+# in the same case) must be before the summary names tuning's decision as the cause: implementations within 10 % of
+# each other swap places between runs (tuning picks among near-equal ones), beyond it the run contradicts tuning.
+TUNING_RATIO = 1.10
+# A Triton row's note gives tuning's own time for its configuration ("split_rows[...]; tuned 256.2 us").
+_TUNED_US = re.compile(r"^[^;]*; tuned ([0-9.]+) us")
+
+
+def _tuning_cause(op: str, dtype: str, shape: str, ours: BenchRow, by_impl: dict[str, BenchRow]) -> tuple[str, str]:
+    """A forward miss where kernelgate ran a Triton candidate whose own row in the same case is more than
+    :data:`TUNING_RATIO` times slower than another implementation's row: the decision is the cause, since tuning
+    timed them the other way round (``("tuning", clause)``, with tuning's own times and the command that decides
+    the bucket again); else ``("", "")``.
+
+    On the H200 at e19bd2b, rms_norm bfloat16 512x131072: tuning timed looped at 145.5 us and split_rows at 256.2,
+    and chose looped; the run measured looped at 122.9 us and split_rows at 88.9.
+    """
+    chosen = _CHOSEN.match(ours.note)
+    if chosen is None:
+        return "", ""
+    label = chosen.group(1)
+    own = "triton:" + label.split("[")[0]
+    same = by_impl.get(own)
+    if same is None or not same.note.startswith(label + ";"):
+        return "", ""
+    others = [r for name, r in by_impl.items() if name.startswith("triton:") and name != own and r.status == "ok"]
+    best = min((r for r in others if not math.isnan(r.time_us)), key=lambda r: r.time_us, default=None)
+    if best is None or same.time_us <= TUNING_RATIO * best.time_us:
+        return "", ""
+
+    def in_tuning(row: BenchRow) -> str:
+        found = _TUNED_US.match(row.note)
+        return f", {found.group(1)} us in tuning" if found else ""
+
+    return "tuning", (
+        f"; tuning chose {label} ({same.time_us:.1f} us in its own row here{in_tuning(same)}), but {best.impl} ran "
+        f"{best.note.split(';')[0]} in {best.time_us:.1f} us here{in_tuning(best)}: this run contradicts tuning's "
+        f"timings, so the decision is the cause (`kernelgate tune {op} --shape {shape} --dtype {dtype} --retune` "
+        "decides the bucket again)"
     )
 
 
@@ -615,9 +661,10 @@ def _miss_digest(found: Sequence[_Miss]) -> list[str]:
     columns = (
         "bandwidth", "peer", "eager", "host",
         "cause:autograd", "cause:kernels", "cause:reference", "cause:timed", "cause:field", "cause:call",
+        "cause:tuning",
     )  # fmt: skip
     lines = [
-        "Misses per op and direction (a case can miss several targets). The last six columns count the "
+        "Misses per op and direction (a case can miss several targets). The last seven columns count the "
         "misses whose cause the run shows: the autograd step (the op's kernels called without autograd take at "
         "most half of the step, or reach the bandwidth target and are at least "
         f"{AUTOGRAD_GAP_RATIO - 1:.0%} faster than it), kernels that are themselves short of the target, the "
@@ -626,12 +673,14 @@ def _miss_digest(found: Sequence[_Miss]) -> list[str]:
         "plus kernelgate's dispatch, a step timed faster through kernelgate's Function once but slower than "
         "eager when measured, no implementation measured at the case reaching the bandwidth target, or a "
         "forward whose chosen kernel, timed in its own row of the same case, was more than "
-        f"{OWN_KERNEL_RATIO - 1:.0%} faster than kernelgate (the kernel is not the cause).",
+        f"{OWN_KERNEL_RATIO - 1:.0%} faster than kernelgate (the kernel is not the cause), or a forward whose "
+        f"chosen kernel's own row was more than {TUNING_RATIO - 1:.0%} slower than another implementation's "
+        "(tuning's decision is the cause).",
         "",
         "| op | direction | below bandwidth target | behind best peer | slower than eager | host cost | "
         "cause: autograd step | cause: kernels short | cause: reference + dispatch | cause: step timed faster | "
-        "cause: none reaches it | cause: its kernel faster alone |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "cause: none reaches it | cause: its kernel faster alone | cause: tuning's choice |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (op, direction), row in counts.items():
         lines.append(f"| {op} | {direction} | " + " | ".join(str(row.get(c, 0)) for c in columns) + " |")

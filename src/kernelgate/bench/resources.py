@@ -174,9 +174,10 @@ def implementation_resources(
     raise KeyError(f"{label} is not among {op_name}'s candidates at {shape}")
 
 
-def describe(resources: Sequence[KernelResources], arch: int, triton_version: str) -> str:
+def describe(resources: Sequence[KernelResources], arch: int, triton_version: str, owner: str = "its") -> str:
     """A clause for the summary: each kernel's registers and local memory, and on sm_90 how many of its programs
-    a multiprocessor holds.
+    a multiprocessor holds; ``owner`` names whose kernels they are (a row's note: "its"; a miss, which may name
+    another implementation as the best: "kernelgate's").
 
     >>> print(describe([KernelResources("_k", 16, 101, 0, 1024)], 90, "3.6.0")[:78])
     ; its kernel _k keeps 101 registers a thread at 16 warps and none in local mem
@@ -191,7 +192,7 @@ def describe(resources: Sequence[KernelResources], arch: int, triton_version: st
         parts.append(part)
     if not parts:
         return ""
-    kernels = "its kernel " if len(parts) == 1 else "its kernels: "
+    kernels = f"{owner} kernel " if len(parts) == 1 else f"{owner} kernels: "
     return f"; {kernels}{'; '.join(parts)} (compiled for sm_{arch} by Triton {triton_version})"
 
 
@@ -199,8 +200,8 @@ def kernel_notes(
     rows: Sequence[BenchRow], arch: int | None = None
 ) -> tuple[dict[tuple[str, str, str], str], list[str]]:
     """For each forward bandwidth miss where kernelgate ran a Triton candidate (``report.kernel_cases``), a clause
-    with its kernels' resources, compiled for this GPU, or for ``sm_<arch>`` without launching; and one line per
-    case whose kernels could not be read, saying why.
+    with its kernels' resources ("kernelgate's kernel ..."), compiled for this GPU, or for ``sm_<arch>`` without
+    launching; and one line per case whose kernels could not be read, saying why.
 
     ``arch`` None: this GPU's; on a machine without one, no notes. The clause names the architecture and the Triton that
     compiled, which need not be the run's (a CSV redrawn elsewhere).
@@ -228,5 +229,5 @@ def kernel_notes(
             except Exception as err:  # a case whose kernels cannot be read here keeps its miss without the note
                 problems.append(f"{op} {dtype} {shape} {label}: {type(err).__name__}: {err}"[:300])
                 continue
-            notes[(op, dtype, shape)] = describe(found, arch, version)
+            notes[(op, dtype, shape)] = describe(found, arch, version, owner="kernelgate's")
     return notes, problems

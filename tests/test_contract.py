@@ -589,6 +589,18 @@ def test_a_long_shape_is_shown_shortened() -> None:
         NORMALISE(torch.randn(2, 3, 4), list(range(40)))
 
 
+def test_param_of_must_name_an_earlier_tensor() -> None:
+    with pytest.raises(
+        DeclarationError, match=r"spec 'w' refers to 'x', which must be a tensor argument listed before"
+    ):
+        Op(
+            "kgtest_param_of_later",
+            reference=lambda w, x: x,
+            args=(TensorArg("w", param_of="x"), TensorArg("x")),
+            register=False,
+        )
+
+
 def test_shape_of_an_optional_tensor_is_a_declaration_error() -> None:
     with pytest.raises(DeclarationError, match=r"ShapeArg 's' cannot refer to the optional tensor 'x'"):
         Op(

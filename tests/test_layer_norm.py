@@ -280,6 +280,33 @@ def test_float64_takes_the_reference() -> None:
 # --- contract errors -------------------------------------------------------------------------
 
 
+ALL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+@pytest.mark.parametrize("x_dtype", ALL_DTYPES)
+def test_weight_and_bias_dtypes_are_refused_exactly_where_torch_refuses_them(x_dtype: torch.dtype) -> None:
+    """The contract takes the weight and bias dtypes F.layer_norm takes (x's, or float32 for both where x is 16-bit)
+    and refuses the rest with an InputTypeError naming them, forward and backward alike: without it, a Triton
+    kernel computed a result for inputs the reference refuses, and elsewhere torch's own error came instead."""
+    x = torch.randn(2, 8, dtype=x_dtype)
+    for w_dtype in (*ALL_DTYPES, None):
+        for b_dtype in (*ALL_DTYPES, None):
+            w = None if w_dtype is None else torch.randn(8, dtype=w_dtype)
+            b = None if b_dtype is None else torch.randn(8, dtype=b_dtype)
+            try:
+                expected = F.layer_norm(x, (8,), w, b, EPS)
+            except RuntimeError:
+                expected = None
+            if expected is None:
+                for op, args in ((layer_norm, (x,)), (layer_norm_backward, (x, x))):
+                    with pytest.raises(InputTypeError, match=r"must (have x's dtype|share one dtype: x's)") as info:
+                        op(*args, (8,), w, b, EPS)
+                    assert all(name in str(info.value) for name, t in (("weight", w), ("bias", b)) if t is not None)
+            else:
+                assert_close(layer_norm(x, (8,), w, b, EPS), expected, reduction_length=8)
+                layer_norm_backward(x, x, (8,), w, b, EPS)
+
+
 @pytest.mark.parametrize(
     ("normalized_shape", "error", "match"),
     [

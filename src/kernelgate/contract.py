@@ -66,6 +66,10 @@ class TensorArg:
             other tensor's size in ``other_dim`` (negative dims count from the end).
         optional: whether ``None`` is accepted.
         same_shape_as: name of an earlier tensor argument whose shape this one must have.
+        param_of: name of an earlier tensor argument this one is an elementwise parameter of (a norm's weight
+            or bias): its dtype must be that tensor's, or float32 where that tensor is float16 or bfloat16 (a
+            model's parameters kept in float32 under mixed precision), and the parameters of one tensor share
+            one dtype: the rule of :func:`torch.nn.functional.layer_norm`, which rejects the other mixes.
     """
 
     name: str
@@ -75,6 +79,7 @@ class TensorArg:
     sizes: Mapping[int, tuple[str, int]] = dataclasses.field(default_factory=dict)
     optional: bool = False
     same_shape_as: str | None = None
+    param_of: str | None = None
 
     def __post_init__(self) -> None:
         if not self.dtypes or not all(isinstance(d, torch.dtype) for d in self.dtypes):
@@ -154,6 +159,7 @@ def validate_specs(op_name: str, specs: Sequence[ArgSpec], param_names: Sequence
     for spec in specs:
         refs = [other for other, _ in spec.sizes.values()] if isinstance(spec, TensorArg) else []
         refs += [spec.same_shape_as] if isinstance(spec, TensorArg) and spec.same_shape_as else []
+        refs += [spec.param_of] if isinstance(spec, TensorArg) and spec.param_of else []
         refs += [spec.of] if isinstance(spec, (DimArg, ShapeArg)) else []
         optional = {s.name for s in specs if isinstance(s, TensorArg) and s.optional}
         if isinstance(spec, (DimArg, ShapeArg)) and spec.of in optional:
@@ -332,4 +338,39 @@ def check_inputs(op: str, specs: Sequence[ArgSpec], args: Sequence[Any]) -> torc
             _check_choice(op, spec, value)
         else:
             _check_shape(op, spec, value, values)
+    _check_param_dtypes(op, specs, values)
     return device
+
+
+# Where a tensor is float16 or bfloat16, its parameters may be kept in float32 (TensorArg.param_of).
+_MIXED_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _check_param_dtypes(op: str, specs: Sequence[ArgSpec], values: Mapping[str, Any]) -> None:
+    """The dtype rule of :attr:`TensorArg.param_of`, once every argument is otherwise valid."""
+    of_tensor: dict[str, list[str]] = {}
+    for spec in specs:
+        if isinstance(spec, TensorArg) and spec.param_of is not None and values[spec.name] is not None:
+            of_tensor.setdefault(spec.param_of, []).append(spec.name)
+    for owner, names in of_tensor.items():
+        base = values[owner].dtype
+        dtypes = {values[name].dtype for name in names}
+        if dtypes == {base} or (base in _MIXED_PRECISION and dtypes == {torch.float32}):
+            continue
+        kept = "parameters" if len(names) > 1 else "a parameter"
+        allowed = f"({_dtype_name(base)})"
+        if base in _MIXED_PRECISION:
+            allowed += f" or float32 ({kept} kept in float32 under mixed precision)"
+        conversions = " and ".join(f"{name}.to({owner}.dtype)" for name in names)
+        if len(names) == 1:
+            got = _dtype_name(values[names[0]].dtype)
+            raise InputTypeError(
+                f"{op}(): argument {names[0]!r} must have {owner}'s dtype {allowed}; got {got}. "
+                f"Convert it, e.g. {conversions}."
+            )
+        got = ", ".join(f"{name} {_dtype_name(values[name].dtype)}" for name in names)
+        arguments = " and ".join(repr(name) for name in names)
+        raise InputTypeError(
+            f"{op}(): arguments {arguments} must share one dtype: {owner}'s {allowed}; got {got}. "
+            f"Convert them, e.g. {conversions}."
+        )

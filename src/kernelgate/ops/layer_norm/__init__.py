@@ -405,8 +405,8 @@ layer_norm_backward = Op(
         TensorArg("x", same_shape_as="grad"),
         ShapeArg("normalized_shape", of="x"),
         # Their shape must equal normalized_shape, which the launchers and the reference check.
-        TensorArg("weight", optional=True),
-        TensorArg("bias", optional=True),
+        TensorArg("weight", optional=True, param_of="x"),
+        TensorArg("bias", optional=True, param_of="x"),
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(
@@ -452,8 +452,8 @@ layer_norm = Op(
         TensorArg("x", min_rank=1),
         ShapeArg("normalized_shape", of="x"),
         # Their shape must equal normalized_shape, which the launchers and the reference check.
-        TensorArg("weight", optional=True),
-        TensorArg("bias", optional=True),
+        TensorArg("weight", optional=True, param_of="x"),
+        TensorArg("bias", optional=True, param_of="x"),
         ScalarArg("eps", kind=float, min=0.0),
     ),
     implementations=(

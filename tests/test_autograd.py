@@ -45,6 +45,49 @@ def test_ops_pass_float64_gradcheck_and_gradgradcheck() -> None:
     assert torch.autograd.gradgradcheck(lambda x: kernelgate.softmax(x, -1), (x,))
 
 
+ROWS, COLS = (4, 16), (16,)
+# Each op's arguments from its leaves (x first, then its parameters) and the leaves' shapes.
+SECOND_ORDER_CASES: dict[str, tuple[str, Callable[..., tuple[object, ...]], tuple[tuple[int, ...], ...]]] = {
+    "softmax": ("softmax", lambda x: (x, -1), (ROWS,)),
+    "log_softmax": ("log_softmax", lambda x: (x, -1), (ROWS,)),
+    "rms_norm": ("rms_norm", lambda x, w: (x, w, 1e-6), (ROWS, COLS)),
+    "layer_norm": ("layer_norm", lambda x, w, b: (x, COLS, w, b, 1e-5), (ROWS, COLS, COLS)),
+    "layer_norm-weight-only": ("layer_norm", lambda x, w: (x, COLS, w, None, 1e-5), (ROWS, COLS)),
+    "layer_norm-no-affine": ("layer_norm", lambda x: (x, COLS, None, None, 1e-5), (ROWS,)),
+    "add_rms_norm": ("add_rms_norm", lambda x, r, w: (x, r, w, 1e-6), (ROWS, ROWS, COLS)),
+    "swiglu": ("swiglu", lambda gate, up: (gate, up), (ROWS, ROWS)),
+    "geglu": ("geglu", lambda gate, up: (gate, up), (ROWS, ROWS)),
+    "cross_entropy": ("cross_entropy", lambda x: (x, torch.arange(4, device=x.device)), (ROWS,)),
+}
+
+
+def _second_order_grads(call: Callable[..., object], leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A gradient penalty's gradients: the gradient of a weighted sum of ``call``'s (first) output with a graph,
+    then the gradient of its squared norm (an unused leaf: zeros)."""
+    leaves = [t.detach().clone().requires_grad_() for t in leaves]
+    y = call(*leaves)
+    y = y if isinstance(y, torch.Tensor) else y[0]  # type: ignore[index]
+    weights = torch.linspace(0, 1, y.shape[-1], device=y.device) if y.dim() else torch.ones((), device=y.device)
+    first = torch.autograd.grad((y * weights).sum(), leaves, create_graph=True)
+    penalty = sum((g * g).sum() for g in first if g.requires_grad)
+    second = torch.autograd.grad(penalty, leaves, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(second, leaves, strict=True)]
+
+
+@pytest.mark.parametrize("case", list(SECOND_ORDER_CASES))
+def test_second_order_gradients_match_autograd_of_the_reference(target: torch.device, case: str) -> None:
+    """With create_graph=True each op's gradients are differentiable again (a gradient penalty): its backward op's
+    autograd runs through that op's reference. They match autograd of the op's reference itself. layer_norm without
+    a bias failed here: the backward's empty bias gradient, which has no graph, made autograd refuse the call."""
+    name, arguments, shapes = SECOND_ORDER_CASES[case]
+    op = getattr(kernelgate, name)
+    leaves = [_randn(shape, torch.float32, target, seed=i) for i, shape in enumerate(shapes)]
+    got = _second_order_grads(lambda *t: op(*arguments(*t)), leaves)
+    expected = _second_order_grads(lambda *t: op.reference(*arguments(*t)), leaves)
+    for g, e in zip(got, expected, strict=True):
+        assert_close(g, e, reduction_length=ROWS[0] * ROWS[1])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("shape", "dim"), [((5, 33), -1), ((4, 6, 9), 1), ((2, 20000), -1), ((1,), 0)])
 def test_softmax_gradients_match_the_reference(

@@ -234,5 +234,10 @@ def _reference_grads(op: Op, inputs: tuple[Any, ...], grad: Any, needs: Sequence
         wanted = [leaf for leaf, need in zip(leaves, needs, strict=True) if need]
         outputs = [output] if isinstance(output, torch.Tensor) else list(output)
         grads_out = [grad] if isinstance(grad, torch.Tensor) else list(grad)
-        computed = iter(torch.autograd.grad(outputs, wanted, grads_out, allow_unused=True))
+        # Only outputs that depend on a wanted input take part: an output without a graph (layer_norm_backward's
+        # empty dbias where there is no bias) would make autograd refuse the whole call.
+        pairs = [(o, g) for o, g in zip(outputs, grads_out, strict=True) if o.requires_grad]
+        if not pairs:
+            return tuple(None for _ in needs)
+        computed = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True))
     return tuple(next(computed) if need else None for need in needs)

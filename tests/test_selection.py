@@ -800,6 +800,74 @@ def test_tuning_never_writes_into_a_mutated_argument() -> None:
     assert torch.equal(out, x * 2)
 
 
+# --- 13. under torch.autocast -------------------------------------------------------------------
+
+
+def test_autocast_changes_no_path_and_the_gate_passes_under_it(tmp_path: Path) -> None:
+    """An op computes in its inputs' dtypes under torch.autocast on every path, as its kernels do: its reference
+    runs with autocast off, so the reference path returns what the kernels return, and the correctness gate of a
+    bucket first called under autocast passes the kernels. (On a GPU autocast runs softmax, layer_norm and the
+    like in float32; on the CPU it runs a matrix product in bfloat16, which this op's reference takes.)"""
+    mixing = torch.randn(16, 16)
+    calls: list[str] = []
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        calls.append("reference")
+        time.sleep(0.004)
+        return x @ mixing
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:  # float32 sums, as a kernel would take them: autocast ignores it
+        calls.append("kernel")
+        return (x.unsqueeze(-1) * mixing).sum(-2)
+
+    op = Op(
+        "kgsel_autocast",
+        reference=reference,
+        args=(TensorArg("x"),),
+        implementations=(TritonImpl("kernel", kernel),),
+        register=False,
+    )
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (x @ mixing).dtype == torch.bfloat16, "autocast runs a bare matrix product in bfloat16 here"
+        with kernelgate.use_interpreter():
+            plan = op.plan(x)
+            assert (plan.name, plan.reason) == ("kernel", Reason.TUNED), plan
+            from_kernel = op(x)
+        with kernelgate.use_mode("reference"):
+            from_reference = op(x)
+    assert from_kernel.dtype == from_reference.dtype == torch.float32
+    assert_close(from_kernel, reference(x), reduction_length=16)
+    assert_close(from_reference, reference(x), reduction_length=16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "rms_norm", "layer_norm", "cross_entropy"])
+def test_the_built_in_ops_under_cuda_autocast(name: str) -> None:
+    """Under torch.autocast on the GPU, which runs torch's softmax, log_softmax and layer_norm (the references) in
+    float32, a bucket first called there is tuned to its kernels, not refused by the gate, and the kernels and the
+    reference path return the input's dtype alike."""
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    args: dict[str, tuple[Any, ...]] = {
+        "softmax": (x, -1),
+        "log_softmax": (x, -1),
+        "rms_norm": (x, w, 1e-6),
+        "layer_norm": (x, (1024,), w, w, 1e-5),
+        "cross_entropy": (x, torch.arange(64, device="cuda")),
+    }
+    op = getattr(kernelgate, name)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        plan = op.plan(*args[name])
+        assert plan.reason in (Reason.TUNED, Reason.REFERENCE_FASTER), plan
+        with kernelgate.use_mode("triton"):
+            from_kernels = op(*args[name])
+        with kernelgate.use_mode("reference"):
+            from_reference = op(*args[name])
+    assert from_kernels.dtype == from_reference.dtype == torch.bfloat16
+    assert_close(from_kernels, from_reference, reduction_length=1024)
+
+
 # --- regressions: defects found and fixed ---------------------------------------------------
 
 

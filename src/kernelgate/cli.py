@@ -188,7 +188,7 @@ def demo(console: Console, log: Path, repeats: int) -> int:
                 op, args = case.op, case.args
                 plan = op.plan(*args)
                 try:
-                    assert_close(op(*args), op.reference(*args), reduction_length=args[0].shape[-1])
+                    assert_close(op(*args), op.run_reference(*args), reduction_length=args[0].shape[-1])
                     matches = "[green]yes[/green]"
                 except AssertionError:
                     failures += 1
@@ -324,7 +324,7 @@ def replay_command(console: Console, path: Path) -> int:
         return EXIT_USAGE
     config = impl.configs.validate(case["config"]) if impl.configs is not None else None
     interpret = bool(case["interpret"]) or device.type == "cpu"
-    expected = op.reference(*args)
+    expected = op.run_reference(*args)
     mismatch = compare(
         run_candidate(impl, config, args, interpret, poison=True),
         expected,

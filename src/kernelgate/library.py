@@ -126,7 +126,7 @@ def register(op: Op, returns: str) -> Any:
         def fake(*args: Any) -> Any:
             from kernelgate.op import lookup
 
-            result = lookup(op.name).reference(*args)
+            result = lookup(op.name).run_reference(*args)
             return None if returns_nothing else result
 
         def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -230,7 +230,7 @@ def _reference_grads(op: Op, inputs: tuple[Any, ...], grad: Any, needs: Sequence
             v.detach().requires_grad_(True) if isinstance(v, torch.Tensor) and need else v
             for v, need in zip(inputs, needs, strict=True)
         ]
-        output = op.reference(*leaves)
+        output = op.run_reference(*leaves)
         wanted = [leaf for leaf, need in zip(leaves, needs, strict=True) if need]
         outputs = [output] if isinstance(output, torch.Tensor) else list(output)
         grads_out = [grad] if isinstance(grad, torch.Tensor) else list(grad)

@@ -590,6 +590,20 @@ class Op:
 
     # --- the call path ----------------------------------------------------------------------
 
+    def run_reference(self, *values: Any) -> Any:
+        """The reference on ``values`` as every path of kernelgate runs it: with ``torch.autocast`` off.
+
+        The kernels compute in float32 and return their inputs' dtypes whether or not autocast is on, as an op
+        called through ``torch.library`` without an autocast rule does; autocast would run some references'
+        torch ops in float32 on a GPU (softmax, layer_norm) and return float32. The reference path would then
+        return another dtype than the kernels for the same call, and the correctness gate would refuse every
+        candidate of a bucket first called under autocast.
+        """
+        if _any_autocast():
+            with _autocast_off(values):
+                return self.reference(*values)
+        return self.reference(*values)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         values = args if not kwargs and len(args) == self._arity else self._bind(args, kwargs)
         # torch.compile traces the op as one node (the operator); plain eager calls skip the
@@ -626,7 +640,7 @@ class Op:
                     count_fallback(
                         route.fallback_key, route.plan, (_settings_module._current or settings()).warn_fallback
                     )
-                return self.reference(*values)
+                return self.run_reference(*values) if _any_autocast() else self.reference(*values)
             route = self.forward_route(values)
         if route is not None and self._steps_eagerly(values, route):
             # Eager autograd of the reference: the same work as the Function where both passes run the
@@ -639,7 +653,7 @@ class Op:
                 self._eager_steps[key] = (route, _memo_epoch)
             if route.fallback_key is not None:
                 count_fallback(route.fallback_key, route.plan, (_settings_module._current or settings()).warn_fallback)
-            return self.reference(*values)
+            return self.run_reference(*values)
         if self._function is None:
             self._function = library.autograd_function(self)
         # The route rides along, so the Function's forward runs it without building the signature again.
@@ -914,7 +928,8 @@ class Op:
             if route.reference_ok and mode != "triton":
                 if route.fallback_key is not None:
                     count_fallback(route.fallback_key, route.plan, current.warn_fallback)
-                return self.reference(*values)
+                # run_reference's check inline: this is the reference route's hot path.
+                return self.run_reference(*values) if _any_autocast() else self.reference(*values)
         return self._call_slow(route.plan, values, mode, current)
 
     def _call_slow(self, plan: Plan, values: tuple[Any, ...], mode: Mode, current: Settings) -> Any:
@@ -949,7 +964,7 @@ class Op:
             )
         if plan.is_fallback:
             record_fallback(self.name, plan, current.warn_fallback)
-        result = self.reference(*values)
+        result = self.run_reference(*values)
         if current.log_path is not None:
             self._log(current.log_path, plan, mode, values, start or time.perf_counter(), [], [])
         return result
@@ -998,7 +1013,7 @@ class Op:
             return None
         before = clone_args(values, self.mutated_positions)
         after = clone_args(before, self.mutated_positions)
-        return self.reference(*after), before, after
+        return self.run_reference(*after), before, after
 
     # --- logging ----------------------------------------------------------------------------
 
@@ -1193,6 +1208,18 @@ class _Route:
 
 _warned_entries: set[str] = set()
 _all_ops: weakref.WeakSet[Op] = weakref.WeakSet()
+
+
+# Whether torch.autocast is on for any device type (one C call; torch < 2.4's API lacks it).
+_any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: torch.is_autocast_enabled())
+
+
+def _autocast_off(values: Sequence[Any]) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` off for the device type of the tensors among ``values`` (one device by the contract)."""
+    device = next((v.device for v in values if isinstance(v, torch.Tensor)), None)
+    if device is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, enabled=False)
 
 
 def clear_memos() -> None:

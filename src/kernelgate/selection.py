@@ -178,7 +178,7 @@ def float64_truth(op: Op, values: Sequence[Any]) -> Callable[[], Any] | None:
 
     @functools.cache
     def truth() -> Any:
-        return op.reference(*map(_in_float64, values))
+        return op.run_reference(*map(_in_float64, values))
 
     return truth
 
@@ -524,7 +524,7 @@ def _tune_here(
 ) -> tuple[dict[str, Any], list[CandidateResult]]:
     """:func:`tune` on the current device."""
     reduction = op.reduction_length(*values)
-    expected = op.reference(*clone_args(values, op.mutated_positions))
+    expected = op.run_reference(*clone_args(values, op.mutated_positions))
     truth = float64_truth(op, values)
     started = time.perf_counter()
     ahead = _compile_candidates(op, values, impls) if device.type != "cpu" and not interpret else None
@@ -567,7 +567,7 @@ def _tune_here(
             "call signatures)",
         )
     timed = time.perf_counter()
-    reference = functools.partial(op.reference, *clone_args(values, op.mutated_positions))
+    reference = functools.partial(op.run_reference, *clone_args(values, op.mutated_positions))
     reference_us = time_us(reference, device)
     passing = sorted((r for r in results if r.verdict == "pass"), key=lambda r: r.time_us or 0.0)
     best = passing[0] if passing else None

@@ -88,6 +88,39 @@ def test_second_order_gradients_match_autograd_of_the_reference(target: torch.de
         assert_close(g, e, reduction_length=ROWS[0] * ROWS[1])
 
 
+FUNC_TRANSFORMS: dict[str, Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor]] = {
+    "grad": lambda f, x: torch.func.grad(lambda t: f(t).pow(2).sum())(x),
+    "vjp": lambda f, x: torch.func.vjp(f, x)[1](torch.linspace(-1, 1, x.numel(), device=x.device).view_as(x))[0],
+    "jacrev": lambda f, x: torch.func.jacrev(f)(x[0]),
+    "hessian": lambda f, x: torch.func.hessian(lambda t: f(t).pow(2).sum())(x[0]),
+    "vmap of grad": lambda f, x: torch.func.vmap(torch.func.grad(lambda t: f(t[None]).pow(2).sum()))(x),
+}
+
+
+@pytest.mark.parametrize("transform", list(FUNC_TRANSFORMS))
+@pytest.mark.parametrize("name", ["softmax", "rms_norm", "layer_norm", "swiglu"])
+def test_func_transforms_differentiate_the_reference(target: torch.device, transform: str, name: str) -> None:
+    """torch.func's grad, vjp, jacrev, hessian and per-sample gradients (vmap of grad) through an op run its
+    reference, which they can differentiate: the results are those of the same transform over torch's ops, and
+    the fallback is counted (func-transform). Through the operator they raised (its autograd.Function has no
+    setup_context). Mode triton refuses such a call with an error saying why."""
+    F = torch.nn.functional
+    w = _randn((8,), torch.float32, target, seed=1)
+    ours, theirs = {
+        "softmax": (lambda t: kernelgate.softmax(t, -1), lambda t: torch.softmax(t, -1)),
+        "rms_norm": (lambda t: kernelgate.rms_norm(t, w, 1e-6), lambda t: F.rms_norm(t, (8,), w, 1e-6)),
+        "layer_norm": (lambda t: kernelgate.layer_norm(t, (8,), w, w, 1e-5), lambda t: F.layer_norm(t, (8,), w, w)),
+        "swiglu": (lambda t: kernelgate.swiglu(t, t * w), lambda t: F.silu(t) * (t * w)),
+    }[name]
+    x = _randn((3, 8), torch.float32, target)
+    apply = FUNC_TRANSFORMS[transform]
+    with kernelgate.use_mode("auto"):  # the target fixture's mode is triton
+        assert_close(apply(ours, x), apply(theirs, x), reduction_length=8)
+    assert any(r.op == name and r.reason == "func-transform" for r in kernelgate.fallbacks())
+    with pytest.raises(kernelgate.TritonUnavailableError, match="func-transform"):
+        apply(ours, x)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("shape", "dim"), [((5, 33), -1), ((4, 6, 9), 1), ((2, 20000), -1), ((1,), 0)])
 def test_softmax_gradients_match_the_reference(

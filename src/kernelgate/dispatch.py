@@ -59,6 +59,7 @@ class Reason(str, enum.Enum):
     CPU_TENSORS = "cpu-tensors"
     NO_TENSORS = "no-tensors"
     REQUIRES_GRAD = "requires-grad"
+    FUNC_TRANSFORM = "func-transform"
     EMPTY_TENSOR = "empty-tensor"
     DTYPE = "dtype-unsupported"
     TOO_MANY_ELEMENTS = "too-many-elements"

@@ -618,12 +618,15 @@ class Op:
 
         Eager autograd of plain tensors goes through the op's own ``torch.autograd.Function``: the
         same save and backward as the operator's, at about two thirds of its host cost (no
-        dispatcher round trip, no schema work per call). Traces, tensor subclasses, functorch
-        transforms and mutating ops go through the PyTorch operator. A signature whose steps run
-        eager autograd of the reference for good skips the forward's route and the step's verdict.
+        dispatcher round trip, no schema work per call). Traces, tensor subclasses and mutating ops go
+        through the PyTorch operator; a call that a torch.func transform differentiates runs the reference
+        (:meth:`_run_under_func_transform`). A signature whose steps run eager autograd of the reference for
+        good skips the forward's route and the step's verdict.
         """
-        if self.mutates or torch._C._are_functorch_transforms_active():
+        if self.mutates:
             return self.torch_op(*values)
+        if torch._C._are_functorch_transforms_active():
+            return self._run_under_func_transform(values)
         if key is None:
             for v in values:
                 if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter:
@@ -658,6 +661,26 @@ class Op:
             self._function = library.autograd_function(self)
         # The route rides along, so the Function's forward runs it without building the signature again.
         return self._function.apply(route, *values)
+
+    def _run_under_func_transform(self, values: tuple[Any, ...]) -> Any:
+        """A call that a torch.func transform (grad, vjp, jacrev, hessian, vmap of any of them) differentiates:
+        the reference, whose torch ops the transforms differentiate. The operator's autograd (torch.library's
+        generated ``autograd.Function``, which has no ``setup_context``) raises under them, and kernelgate's
+        Function has none either; counted and warned as a fallback (``func-transform``), and refused in mode
+        ``triton``."""
+        current = _settings_module._current or settings()
+        mode = effective_mode(self.name, self.mode, current.mode)
+        plan = (
+            Plan(None, Reason.MODE_REFERENCE, "mode is 'reference'")
+            if mode == "reference"
+            else Plan(
+                None,
+                Reason.FUNC_TRANSFORM,
+                "a torch.func transform differentiates this call; it can differentiate the reference's torch ops, "
+                "not the kernels",
+            )
+        )
+        return self._run_reference(plan, values, mode, current, 0.0)
 
     def _steps_eagerly(self, values: tuple[Any, ...], route: _Route) -> bool:
         """Whether eager autograd of the reference should run instead of kernelgate's Function, for the

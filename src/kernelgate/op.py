@@ -1238,11 +1238,15 @@ _any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled"
 
 
 def _autocast_off(values: Sequence[Any]) -> contextlib.AbstractContextManager[Any]:
-    """``torch.autocast`` off for the device type of the tensors among ``values`` (one device by the contract)."""
+    """``torch.autocast`` off for the device type of the tensors among ``values`` (one device by the contract); a
+    device type autocast does not know (meta) has no autocast to turn off."""
     device = next((v.device for v in values if isinstance(v, torch.Tensor)), None)
     if device is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, enabled=False)
+    try:
+        return torch.autocast(device_type=device.type, enabled=False)
+    except RuntimeError:
+        return contextlib.nullcontext()
 
 
 def clear_memos() -> None:

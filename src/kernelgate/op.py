@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import pickle
 import re
 import threading
 import time
@@ -194,6 +195,18 @@ class _InsideTorchOp(threading.local):
 inside_torch_op = _InsideTorchOp()
 
 
+def _unpickle_op(name: str) -> Op:
+    """The op an unpickled object names: this process's registered op of that name."""
+    with _registry_lock:
+        op = _registry.get(name)
+    if op is None:
+        raise pickle.UnpicklingError(
+            f"the object being unpickled holds the kernelgate op {name!r}, which this process has not registered. "
+            f"Import the module that declares it before unpickling."
+        )
+    return op
+
+
 def get_op(name: str) -> Op:
     """The registered op called ``name``.
 
@@ -322,6 +335,23 @@ class Op:
     def __repr__(self) -> str:
         impls = ", ".join(i.name for i in self.implementations) or "none"
         return f"<kernelgate op {self.name!r}: Triton implementations [{impls}]>"
+
+    # An op is one object per name, as a function is: copies are the op itself, and a registered op pickles by
+    # its name, so that a module, a functools.partial or a process pool's task that holds one copies and pickles.
+
+    def __copy__(self) -> Op:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Op:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if _registry.get(self.name) is not self:
+            raise pickle.PicklingError(
+                f"kernelgate op {self.name!r} is not registered (declared with register=False, or replaced since), "
+                f"and an op pickles by its registered name; declare it registered to pickle what holds it."
+            )
+        return (_unpickle_op, (self.name,))
 
     def set_mode(self, mode: str | None) -> None:
         """Pin this op's mode (``None`` follows the global setting)."""

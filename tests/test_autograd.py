@@ -94,16 +94,19 @@ FUNC_TRANSFORMS: dict[str, Callable[[Callable[[torch.Tensor], torch.Tensor], tor
     "jacrev": lambda f, x: torch.func.jacrev(f)(x[0]),
     "hessian": lambda f, x: torch.func.hessian(lambda t: f(t).pow(2).sum())(x[0]),
     "vmap of grad": lambda f, x: torch.func.vmap(torch.func.grad(lambda t: f(t[None]).pow(2).sum()))(x),
+    "vmap": lambda f, x: torch.vmap(f)(x),
+    "jvp": lambda f, x: torch.func.jvp(f, (x,), (torch.linspace(-1, 1, x.numel(), device=x.device).view_as(x),))[1],
 }
 
 
 @pytest.mark.parametrize("transform", list(FUNC_TRANSFORMS))
 @pytest.mark.parametrize("name", ["softmax", "rms_norm", "layer_norm", "swiglu"])
-def test_func_transforms_differentiate_the_reference(target: torch.device, transform: str, name: str) -> None:
-    """torch.func's grad, vjp, jacrev, hessian and per-sample gradients (vmap of grad) through an op run its
-    reference, which they can differentiate: the results are those of the same transform over torch's ops, and
-    the fallback is counted (func-transform). Through the operator they raised (its autograd.Function has no
-    setup_context). Mode triton refuses such a call with an error saying why."""
+def test_func_transforms_run_the_reference(target: torch.device, transform: str, name: str) -> None:
+    """torch.func's vmap, grad, vjp, jvp, jacrev, hessian and per-sample gradients (vmap of grad) through an op run
+    its reference, which they can batch and differentiate: the results are those of the same transform over torch's
+    ops, and the fallback is counted (func-transform). Before, the differentiating ones raised through the operator
+    (its autograd.Function has no setup_context), and vmap on the kernels' path raised on its batched tensors, which
+    have no storage. Mode triton refuses such a call with an error saying why."""
     F = torch.nn.functional
     w = _randn((8,), torch.float32, target, seed=1)
     ours, theirs = {

@@ -640,6 +640,8 @@ class Op:
         # PyTorch dispatcher unless autograd or a trace needs it (decided in _dispatch).
         if self.torch_op is not None and torch.compiler.is_compiling():
             return self.torch_op(*values)
+        if _functorch_active():
+            return self._run_under_func_transform(values)
         return self._dispatch(values, self.torch_op is not None)
 
     def _autograd_call(self, values: tuple[Any, ...], key: tuple[Any, ...] | None = None) -> Any:
@@ -649,14 +651,12 @@ class Op:
         Eager autograd of plain tensors goes through the op's own ``torch.autograd.Function``: the
         same save and backward as the operator's, at about two thirds of its host cost (no
         dispatcher round trip, no schema work per call). Traces, tensor subclasses and mutating ops go
-        through the PyTorch operator; a call that a torch.func transform differentiates runs the reference
-        (:meth:`_run_under_func_transform`). A signature whose steps run eager autograd of the reference for
-        good skips the forward's route and the step's verdict.
+        through the PyTorch operator (a call under a torch.func transform never comes here:
+        :meth:`_run_under_func_transform`). A signature whose steps run eager autograd of the reference for good
+        skips the forward's route and the step's verdict.
         """
         if self.mutates:
             return self.torch_op(*values)
-        if torch._C._are_functorch_transforms_active():
-            return self._run_under_func_transform(values)
         if key is None:
             for v in values:
                 if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter:
@@ -693,11 +693,13 @@ class Op:
         return self._function.apply(route, *values)
 
     def _run_under_func_transform(self, values: tuple[Any, ...]) -> Any:
-        """A call that a torch.func transform (grad, vjp, jacrev, hessian, vmap of any of them) differentiates:
-        the reference, whose torch ops the transforms differentiate. The operator's autograd (torch.library's
-        generated ``autograd.Function``, which has no ``setup_context``) raises under them, and kernelgate's
-        Function has none either; counted and warned as a fallback (``func-transform``), and refused in mode
-        ``triton``."""
+        """A call under a torch.func transform (vmap, grad, vjp, jvp, jacrev, hessian): the reference, whose torch
+        ops the transforms batch and differentiate. A kernel cannot take vmap's batched tensors (they have no
+        storage), and the operator's autograd (torch.library's generated ``autograd.Function``, which has no
+        ``setup_context``) raises under the differentiating ones; kernelgate's Function has none either. The
+        inputs are checked as any call's; counted and warned as a fallback (``func-transform``), and refused in
+        mode ``triton``."""
+        check_inputs(self.name, self.args, values)
         current = _settings_module._current or settings()
         mode = effective_mode(self.name, self.mode, current.mode)
         plan = (
@@ -706,8 +708,8 @@ class Op:
             else Plan(
                 None,
                 Reason.FUNC_TRANSFORM,
-                "a torch.func transform differentiates this call; it can differentiate the reference's torch ops, "
-                "not the kernels",
+                "a torch.func transform (vmap, grad, jacrev...) applies to this call; it can batch and differentiate "
+                "the reference's torch ops, not the kernels",
             )
         )
         return self._run_reference(plan, values, mode, current, 0.0)
@@ -1262,6 +1264,9 @@ class _Route:
 _warned_entries: set[str] = set()
 _all_ops: weakref.WeakSet[Op] = weakref.WeakSet()
 
+
+# Whether a torch.func transform (vmap, grad, ...) applies to the call being made (one C call).
+_functorch_active: Callable[[], bool] = torch._C._are_functorch_transforms_active
 
 # Whether torch.autocast is on for any device type (one C call; torch < 2.4's API lacks it).
 _any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: torch.is_autocast_enabled())

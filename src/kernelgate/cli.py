@@ -84,6 +84,9 @@ def doctor(console: Console) -> int:
     for column in ("op", "implementations", "path", "implementation", "reason"):
         ops.add_column(column)
     problem = False
+    # A reason's detail is printed once under the table, with the ops it holds for: on a machine without a GPU
+    # every op shares one, which repeated in each row made the table many times longer than its ops.
+    details: dict[str, list[str]] = {}
     for op in registered_ops():
         impls = ", ".join(i.name for i in op.implementations) or "-"
         if op.make_inputs is None:
@@ -95,9 +98,12 @@ def doctor(console: Console) -> int:
             problem = True
             ops.add_row(op.name, impls, "[red]error[/red]", "-", f"{type(err).__name__}: {err}")
             continue
-        detail = f"{plan.reason}" + (f": {plan.detail}" if plan.detail else "")
-        ops.add_row(op.name, impls, plan.path, plan.name, detail)
+        ops.add_row(op.name, impls, plan.path, plan.name, str(plan.reason))
+        if plan.detail:
+            details.setdefault(f"{plan.reason}: {plan.detail}", []).append(op.name)
     console.print(ops)
+    for detail, names in details.items():
+        console.print(f"{detail} [dim]({', '.join(names)})[/dim]")
     if device.type in ("cuda", "xpu") and not status.gpu:
         console.print("[red]A GPU is present but Triton cannot use it[/red]: every op runs its reference.")
         problem = True

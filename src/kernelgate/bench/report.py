@@ -366,6 +366,17 @@ _CHOSEN = re.compile(r"^auto: ([A-Za-z_]\w*(?:\[[^\]]*\])?) \(")
 OWN_KERNEL_RATIO = 1.10
 
 
+def _chosen_row(ours: BenchRow, by_impl: dict[str, BenchRow]) -> tuple[str, BenchRow] | None:
+    """The Triton candidate kernelgate ran in this case (its label) and that candidate's own row, where the case has
+    a row of the same configuration; else ``None``."""
+    chosen = _CHOSEN.match(ours.note)
+    if chosen is None:
+        return None
+    label = chosen.group(1)
+    same = by_impl.get("triton:" + label.split("[")[0])
+    return (label, same) if same is not None and same.note.startswith(label + ";") else None
+
+
 def _own_kernel_cause(ours: BenchRow, by_impl: dict[str, BenchRow]) -> tuple[str, str]:
     """A forward miss where kernelgate ran a Triton candidate whose own row in the same case was more than
     :data:`OWN_KERNEL_RATIO` times faster: the kernel is not the cause, the difference is in kernelgate's call as
@@ -375,13 +386,10 @@ def _own_kernel_cause(ours: BenchRow, by_impl: dict[str, BenchRow]) -> tuple[str
     for example, softmax float32 16384x2048 at 4207c1c: 116 us through kernelgate, 68 us for the same
     configuration's own row, with torch.compile and Liger-Kernel also at half their usual speed in that case.
     """
-    chosen = _CHOSEN.match(ours.note)
-    if ours.regime != "bandwidth" or chosen is None:
+    found = _chosen_row(ours, by_impl) if ours.regime == "bandwidth" else None
+    if found is None or ours.time_us <= OWN_KERNEL_RATIO * found[1].time_us:
         return "", ""
-    label = chosen.group(1)
-    same = by_impl.get("triton:" + label.split("[")[0])
-    if same is None or not same.note.startswith(label + ";") or ours.time_us <= OWN_KERNEL_RATIO * same.time_us:
-        return "", ""
+    label, same = found
     return "call", (
         f"; kernelgate ran {label}, whose own row in this case took {same.time_us:.1f} us "
         f"({same.frac_of_copy:.2f} of copy): the kernel is not the cause, the difference is in kernelgate's call "
@@ -406,15 +414,11 @@ def _tuning_cause(op: str, dtype: str, shape: str, ours: BenchRow, by_impl: dict
     On the H200 at e19bd2b, rms_norm bfloat16 512x131072: tuning timed looped at 145.5 us and split_rows at 256.2,
     and chose looped; the run measured looped at 122.9 us and split_rows at 88.9.
     """
-    chosen = _CHOSEN.match(ours.note)
-    if chosen is None:
+    found = _chosen_row(ours, by_impl)
+    if found is None:
         return "", ""
-    label = chosen.group(1)
-    own = "triton:" + label.split("[")[0]
-    same = by_impl.get(own)
-    if same is None or not same.note.startswith(label + ";"):
-        return "", ""
-    others = [r for name, r in by_impl.items() if name.startswith("triton:") and name != own and r.status == "ok"]
+    label, same = found
+    others = [r for name, r in by_impl.items() if name.startswith("triton:") and r is not same and r.status == "ok"]
     best = min((r for r in others if not math.isnan(r.time_us)), key=lambda r: r.time_us, default=None)
     if best is None or same.time_us <= TUNING_RATIO * best.time_us:
         return "", ""

@@ -849,6 +849,28 @@ def test_a_forward_kernel_keeps_the_function_where_eager_autograd_runs_out_of_me
     assert route.path == "function" and "out of memory" in route.detail
 
 
+def test_the_step_route_is_timed_with_autocast_off_as_the_route_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps under torch.autocast: both steps are timed with autocast off, as the route then runs the reference
+    (the kernels run regardless of it), not with autocast's casts in eager autograd's step alone."""
+    kernelgate.configure(warn_fallback=False)
+    _kernel_wins_tuning(monkeypatch)
+    autocast_while_timed: list[bool] = []
+
+    def step_us(forward: Callable[..., object], *args: object) -> float:
+        autocast_while_timed.append(torch.is_autocast_enabled("cpu"))
+        return 100.0
+
+    monkeypatch.setattr(kernelgate.op, "time_autograd_step", step_us)
+    x = torch.randn(3, 40, requires_grad=True)
+    with kernelgate.use_interpreter(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(2):  # the first call tunes the forward, the second times the step
+            y = kernelgate.softmax(x, -1)
+            assert y.dtype == torch.float32
+            torch.autograd.grad(y, x, torch.ones_like(y))
+        assert torch.is_autocast_enabled("cpu")
+    assert autocast_while_timed == [False, False] * kernelgate.op.STEP_ROUTE_ROUNDS
+
+
 @pytest.mark.parametrize("kernel_in", ["forward", "backward"])
 def test_with_tuning_off_a_kernel_keeps_the_function_untimed(monkeypatch: pytest.MonkeyPatch, kernel_in: str) -> None:
     """With tuning off nothing is timed: a forward planned to its kernel, or a backward's untuned kernel under a

@@ -60,6 +60,7 @@ class Reason(str, enum.Enum):
     NO_TENSORS = "no-tensors"
     REQUIRES_GRAD = "requires-grad"
     FUNC_TRANSFORM = "func-transform"
+    JIT_TRACE = "jit-trace"
     EMPTY_TENSOR = "empty-tensor"
     DTYPE = "dtype-unsupported"
     TOO_MANY_ELEMENTS = "too-many-elements"

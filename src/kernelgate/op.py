@@ -28,7 +28,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -642,6 +642,8 @@ class Op:
             return self.torch_op(*values)
         if _functorch_active():
             return self._run_under_func_transform(values)
+        if _jit_tracing():
+            return self._run_under_jit_trace(values)
         return self._dispatch(values, self.torch_op is not None)
 
     def _autograd_call(self, values: tuple[Any, ...], key: tuple[Any, ...] | None = None) -> Any:
@@ -710,6 +712,30 @@ class Op:
                 Reason.FUNC_TRANSFORM,
                 "a torch.func transform (vmap, grad, jacrev...) applies to this call; it can batch and differentiate "
                 "the reference's torch ops, not the kernels",
+            )
+        )
+        return self._run_reference(plan, values, mode, current, 0.0)
+
+    def _run_under_jit_trace(self, values: tuple[Any, ...]) -> Any:
+        """A call while ``torch.jit.trace`` records: the trace records torch ops, and would keep a kernel's output as a
+        constant, so a registered op runs as its operator (the trace calls ``kernelgate::<name>``, which dispatches
+        each call of the traced module as usual), and an unregistered one runs its reference, whose torch ops the
+        trace records (a fallback, ``jit-trace``; refused in mode ``triton``). The inputs are checked first, with the
+        trace off: while it records, a tensor's sizes are tensors."""
+        with _jit_trace_paused():
+            check_inputs(self.name, self.args, values)
+        if self.torch_op is not None:
+            return self.torch_op(*values)
+        current = _settings_module._current or settings()
+        mode = effective_mode(self.name, self.mode, current.mode)
+        plan = (
+            Plan(None, Reason.MODE_REFERENCE, "mode is 'reference'")
+            if mode == "reference"
+            else Plan(
+                None,
+                Reason.JIT_TRACE,
+                "torch.jit.trace is recording this call and the op has no torch operator (it was declared with "
+                "register=False): the trace can record the reference's torch ops, not a kernel",
             )
         )
         return self._run_reference(plan, values, mode, current, 0.0)
@@ -1272,6 +1298,22 @@ _all_ops: weakref.WeakSet[Op] = weakref.WeakSet()
 
 # Whether a torch.func transform (vmap, grad, ...) applies to the call being made (one C call).
 _functorch_active: Callable[[], bool] = torch._C._are_functorch_transforms_active
+
+
+# Whether torch.jit.trace is recording (one C call).
+_jit_tracing: Callable[[], bool] = torch._C._is_tracing
+
+
+@contextlib.contextmanager
+def _jit_trace_paused() -> Iterator[None]:
+    """torch.jit.trace's recording off for the block (input checks read sizes, which it records as tensors)."""
+    state = torch._C._get_tracing_state()
+    torch._C._set_tracing_state(None)  # type: ignore[attr-defined]  # not in torch's stubs
+    try:
+        yield
+    finally:
+        torch._C._set_tracing_state(state)  # type: ignore[attr-defined]
+
 
 # Whether torch.autocast is on for any device type (one C call; torch < 2.4's API lacks it).
 _any_autocast: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: torch.is_autocast_enabled())

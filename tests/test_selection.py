@@ -544,6 +544,55 @@ def test_removing_a_decision_keeps_what_other_processes_wrote(tmp_path: Path) ->
     assert ours.remove(["a"]) == 0
 
 
+def test_every_process_hashes_an_op_alike_whatever_it_hashed_first() -> None:
+    """The source hash in each decision's key is the same in a process that hashes softmax first and in one that
+    hashes other ops first. Under Triton 3.6 it was not (Triton's cache_key of a kernel hashed before its helpers
+    misses their constexpr globals), so a fresh process missed the decisions of the one that tuned (the GPU test
+    test_tuning_on_the_gpu_then_reuse_in_a_fresh_process, when its worker had hashed other ops first)."""
+    first = "import kernelgate; print(kernelgate.softmax.source_hash())"
+    after_others = (
+        "import kernelgate\n"
+        "for op in (kernelgate.log_softmax, kernelgate.cross_entropy, kernelgate.rms_norm_backward):\n"
+        "    op.source_hash()\n"
+        "print(kernelgate.softmax.source_hash())"
+    )
+    hashes = [
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300)
+        .stdout.strip()
+        .splitlines()[-1]
+        for script in (first, after_others)
+    ]
+    assert hashes[0] == hashes[1], hashes
+
+
+HALF = tl.constexpr(0.5)
+
+
+@triton.jit
+def _halve(x):
+    return x * HALF
+
+
+@triton.jit
+def _halve_in_place_kernel(ptr):
+    tl.store(ptr, _halve(tl.load(ptr)))
+
+
+def test_a_kernels_source_takes_in_its_helpers_and_their_constexpr_globals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernel_source: a kernel's text holds that of the @triton.jit helper it calls and the constexpr global the
+    helper reads, so a changed helper or constant changes the op's source hash (and its decisions' keys)."""
+    from kernelgate.launch import kernel_source
+
+    text = kernel_source(_halve_in_place_kernel)
+    assert text is not None
+    assert "def _halve_in_place_kernel(ptr)" in text and "return x * HALF" in text
+    assert "HALF=" in text and "0.5" in text
+    monkeypatch.setattr(sys.modules[__name__], "HALF", tl.constexpr(0.25))
+    changed = kernel_source(_halve_in_place_kernel)
+    assert changed is not None and "0.25" in changed and changed != text
+    assert kernel_source(lambda x: x) is None  # not a kernel: the caller hashes its Python source instead
+
+
 # --- 7. corrupt, truncated and hostile cache files ---------------------------------------------
 
 

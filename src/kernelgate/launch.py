@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import types
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -72,6 +73,47 @@ class LazyKernel:
 
     def __repr__(self) -> str:
         return f"LazyKernel({self.module}.{self.__name__})"
+
+
+def kernel_source(kernel: Any) -> str | None:
+    """What a ``@triton.jit`` function compiles from, the same text in every process: its source, then that of each
+    ``@triton.jit`` function it reaches (by a global, a closure variable or a module's attribute), each once, and
+    the ``tl.constexpr`` globals they read, in a fixed order. ``None`` for anything else.
+
+    Triton's own ``cache_key`` is not that before Triton 3.9: a caller hashed before the functions it calls misses
+    their constexpr globals, so the key of one kernel depended on which kernels the process had hashed first.
+    """
+    try:
+        from triton.language.core import constexpr
+        from triton.runtime import jit
+    except ImportError:
+        return None
+    jit_callable = getattr(jit, "JITCallable", jit.JITFunction)
+    if not isinstance(kernel, jit_callable):
+        return None
+    texts: dict[str, str] = {}
+    pending = [kernel]
+    while pending:
+        fn = pending.pop()
+        name = f"{fn.fn.__module__}.{fn.fn.__qualname__}"
+        if name in texts:
+            continue
+        code = fn.fn.__code__
+        scope = dict(fn.fn.__globals__)
+        scope.update(zip(code.co_freevars, (cell.cell_contents for cell in fn.fn.__closure__ or ()), strict=False))
+        constants = []
+        for ref in sorted(set(code.co_names) | set(code.co_freevars)):
+            value = scope.get(ref)
+            found = [(ref, value)]
+            if isinstance(value, types.ModuleType):
+                found = [(f"{ref}.{attr}", getattr(value, attr, None)) for attr in sorted(set(code.co_names))]
+            for label, item in found:
+                if isinstance(item, jit_callable):
+                    pending.append(item)
+                elif isinstance(item, constexpr):
+                    constants.append(f"{label}={item!r}")
+        texts[name] = f"{fn.src}\nnoinline={getattr(fn, 'noinline', False)} {' '.join(constants)}"
+    return "\n".join(f"# {name}\n{texts[name]}" for name in sorted(texts))
 
 
 class _CallState(threading.local):

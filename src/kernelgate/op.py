@@ -51,7 +51,7 @@ from kernelgate.dispatch import (
     record_fallback,
 )
 from kernelgate.errors import CacheWarning, DeclarationError, InputTypeError, TritonUnavailableError, user_stacklevel
-from kernelgate.launch import LazyKernel, Unsupported, call_state
+from kernelgate.launch import LazyKernel, Unsupported, call_state, kernel_source
 from kernelgate.library import Backward
 from kernelgate.selection import clone_args, compile_candidates_here, device_step_us, time_autograd_step, tune
 from kernelgate.settings import Mode, Settings, parse_mode, settings
@@ -140,8 +140,9 @@ class TritonImpl:
     def source_hash(self) -> str:
         """A hash of the kernels' and launcher's source and the config space (imports the kernels).
 
-        A ``@triton.jit`` kernel counts by Triton's ``cache_key``: its source and that of the
-        ``@triton.jit`` helpers and constants it uses, so editing a shared helper retunes.
+        A ``@triton.jit`` kernel counts by its source and that of the ``@triton.jit`` helpers and constexpr
+        globals it reaches (:func:`~kernelgate.launch.kernel_source`), so editing a shared helper retunes, and
+        every process computes the same hash whatever it hashed or ran before.
         """
         cached = self.__dict__.get("_source_hash")
         if cached is not None:
@@ -149,7 +150,7 @@ class TritonImpl:
         digest = hashlib.sha256(repr(self.configs).encode())
         for item in (*self.kernels, self.launcher):
             resolved = item.resolve() if isinstance(item, LazyKernel) else item
-            src = getattr(resolved, "cache_key", None) or getattr(resolved, "src", None)
+            src = kernel_source(resolved) or getattr(resolved, "src", None)
             if src is None:
                 try:
                     src = inspect.getsource(getattr(resolved, "fn", resolved))

@@ -1162,3 +1162,16 @@ def test_eager_autograd_does_not_synchronise(reduction: str, n_classes: int, dty
         accumulated[accumulate] = x.grad
     assert logits.grad is not None
     assert_no_worse(logits.grad, accumulated[dtype], accumulated[torch.float64])
+
+
+def test_the_interpreters_fma_probe_ignores_the_default_dtype() -> None:
+    """The probe of the interpreter's fma rounding runs in float32 under torch.set_default_dtype(torch.float64) too:
+    in float64 (1 + 2**-23) squared is exact, so the probe said "rounds twice" and the exp2 sums were turned off."""
+    probe = cross_entropy_module._interpreter_rounds_fma_once.__wrapped__
+    expected = probe()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert probe() == expected
+    finally:
+        torch.set_default_dtype(previous)

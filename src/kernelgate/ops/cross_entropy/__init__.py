@@ -125,8 +125,8 @@ def _weight(weight: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor
 def _interpreter_rounds_fma_once() -> bool:
     """Whether Triton's interpreter computes ``tl.fma`` with one rounding, as a GPU does (Triton 3.6's multiplies
     and then adds, rounding twice): the residual of (1 + 2**-23) squared is 2**-46 with one rounding, 0 with two."""
-    x = torch.full((2,), 1.0 + 2.0**-23)
-    out = torch.zeros(1)
+    x = torch.full((2,), 1.0 + 2.0**-23, dtype=torch.float32)  # float32 whatever the default dtype
+    out = torch.zeros(1, dtype=torch.float32)
     backend.launch_interpreted(FMA_PROBE.resolve(), (1,), (x, out), {})
     return bool(out.item() != 0.0)
 

@@ -578,9 +578,15 @@ def _halve_in_place_kernel(ptr):
     tl.store(ptr, _halve(tl.load(ptr)))
 
 
+@triton.jit
+def _row_sum_kernel(ptr, out_ptr, BLOCK: tl.constexpr):
+    tl.store(out_ptr, tl.sum(tl.load(ptr + tl.arange(0, BLOCK)), axis=0))
+
+
 def test_a_kernels_source_takes_in_its_helpers_and_their_constexpr_globals(monkeypatch: pytest.MonkeyPatch) -> None:
-    """kernel_source: a kernel's text holds that of the @triton.jit helper it calls and the constexpr global the
-    helper reads, so a changed helper or constant changes the op's source hash (and its decisions' keys)."""
+    """kernel_source: a kernel's text holds that of the @triton.jit helpers it calls (directly or through a module)
+    and the constexpr global a helper reads, so a changed helper or constant changes the op's source hash (and its
+    decisions' keys)."""
     from kernelgate.launch import kernel_source
 
     text = kernel_source(_halve_in_place_kernel)
@@ -591,6 +597,9 @@ def test_a_kernels_source_takes_in_its_helpers_and_their_constexpr_globals(monke
     changed = kernel_source(_halve_in_place_kernel)
     assert changed is not None and "0.25" in changed and changed != text
     assert kernel_source(lambda x: x) is None  # not a kernel: the caller hashes its Python source instead
+    # A helper reached through a module's attribute (tl.sum is a @triton.jit function of triton.language).
+    summed = kernel_source(_row_sum_kernel)
+    assert summed is not None and "# triton.language.standard.sum\n" in summed
 
 
 # --- 7. corrupt, truncated and hostile cache files ---------------------------------------------

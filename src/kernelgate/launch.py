@@ -101,17 +101,23 @@ def kernel_source(kernel: Any) -> str | None:
         code = fn.fn.__code__
         scope = dict(fn.fn.__globals__)
         scope.update(zip(code.co_freevars, (cell.cell_contents for cell in fn.fn.__closure__ or ()), strict=False))
+        attributes = sorted(set(code.co_names))
         constants = []
-        for ref in sorted(set(code.co_names) | set(code.co_freevars)):
-            value = scope.get(ref)
-            found = [(ref, value)]
-            if isinstance(value, types.ModuleType):
-                found = [(f"{ref}.{attr}", getattr(value, attr, None)) for attr in sorted(set(code.co_names))]
-            for label, item in found:
-                if isinstance(item, jit_callable):
-                    pending.append(item)
-                elif isinstance(item, constexpr):
-                    constants.append(f"{label}={item!r}")
+        # What each name refers to; through a module (tl.sum, helpers.inner.scale), each attribute name the code
+        # uses, module by module.
+        found = [(ref, scope.get(ref)) for ref in sorted(set(code.co_names) | set(code.co_freevars))]
+        modules_seen: set[int] = set()
+        while found:
+            label, item = found.pop()
+            if isinstance(item, types.ModuleType):
+                if id(item) not in modules_seen:
+                    modules_seen.add(id(item))
+                    found += [(f"{label}.{attr}", getattr(item, attr, None)) for attr in attributes]
+            elif isinstance(item, jit_callable):
+                pending.append(item)
+            elif isinstance(item, constexpr):
+                constants.append(f"{label}={item!r}")
+        constants.sort()
         texts[name] = f"{fn.src}\nnoinline={getattr(fn, 'noinline', False)} {' '.join(constants)}"
     return "\n".join(f"# {name}\n{texts[name]}" for name in sorted(texts))
 

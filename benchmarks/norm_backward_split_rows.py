@@ -14,7 +14,9 @@ package's split_rows kernel with each row's wait put off by one row. A program s
 arrives, then waits for row i - 1 (whose programs all arrived an iteration ago) and writes its dx, so the
 exchange's latency is spent on that work instead of idle; it holds two rows (three with PREFETCH). In bfloat16 the
 package's kernel stays far from the read-once bound (``results/h100/norm-backward-split-rows-80f70db``), and the
-exchange, paid once a row, is the suspect this variant tests.
+exchange, paid once a row, is the suspect this variant tests. Measured on an H100
+(``results/h100/norm-backward-split-rows-lagged-8d8bed0``), it is not: 0.95 to 1.06 times the package kernel's
+time. Its ``PREFETCH=1`` configurations fail the check there (the interpreter passes them); cause not found.
 
     python benchmarks/norm_backward_split_rows.py --out split-rows.json
     python benchmarks/norm_backward_split_rows.py --interpret --rows 5 --lengths 9000 --out check.json

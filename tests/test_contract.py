@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -637,3 +637,45 @@ def test_config_space_takes_a_switch() -> None:
     assert [dict(c) for c in space] == [{"BLOCK": 16, "PREFETCH": 0}, {"BLOCK": 16, "PREFETCH": 1}]
     assert space.validate({"BLOCK": 16, "PREFETCH": 0}) == {"BLOCK": 16, "PREFETCH": 0}
     assert space.validate({"BLOCK": 16, "PREFETCH": 2}) is None
+
+
+@pytest.mark.parametrize(
+    ("layout", "make"),
+    [
+        ("nested", lambda t: torch.nested.nested_tensor(list(t.unbind()))),
+        ("nested", lambda t: torch.nested.nested_tensor(list(t.unbind()), layout=torch.jagged)),
+        ("sparse_coo", lambda t: t.to_sparse()),
+        ("sparse_csr", lambda t: t.to_sparse_csr()),
+    ],
+)
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_a_tensor_that_is_not_dense_gets_an_error_that_says_how_to_convert_it(
+    layout: str, make: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """A nested or sparse tensor is refused by name, with the conversion to make, after a dense call of the same
+    shape too (the hot path's signature of a nested or CSR tensor raises torch's internal error, and the operator has
+    no kernel for a jagged one: the contract's error replaces both). Before, torch's errors said "NestedTensorImpl
+    doesn't support sizes", "NotImplementedError: kernelgate.softmax.default" or "Could not run 'aten::_softmax'
+    with arguments from the 'SparseCPU' backend"."""
+    dense = torch.randn(3, 8)
+    kernelgate.softmax(dense, -1)
+    remedy = (
+        r"Pad it first, e\.g\. x\.to_padded_tensor\(0\.0\)"
+        if layout == "nested"
+        else r"Convert it first, e\.g\. x\.to_dense\(\)"
+    )
+    got = "a nested tensor" if layout == "nested" else f"layout {layout}"
+    with pytest.raises(
+        InputTypeError, match=rf"^softmax\(\): argument 'x' must be a dense \(strided\) tensor; got {got}\. {remedy}"
+    ):
+        kernelgate.softmax(make(dense), -1)
+
+
+def test_a_sparse_weight_gets_the_same_error() -> None:
+    with pytest.raises(
+        InputTypeError,
+        match=r"^rms_norm\(\): argument 'weight' must be a dense \(strided\) tensor; got layout sparse_coo\. "
+        r"Convert it first, e\.g\. weight\.to_dense\(\)\.$",
+    ):
+        kernelgate.rms_norm(torch.randn(3, 8), torch.ones(8).to_sparse())

@@ -189,6 +189,16 @@ def _check_tensor(op: str, spec: TensorArg, value: Any, values: Mapping[str, Any
             f"{op}(): argument {spec.name!r} must be {allowed}; got {type(value).__name__}. "
             f"Convert it first, e.g. torch.as_tensor({spec.name})."
         )
+    if value.is_nested:
+        raise InputTypeError(
+            f"{op}(): argument {spec.name!r} must be a dense (strided) tensor; got a nested tensor. Pad it first, "
+            f"e.g. {spec.name}.to_padded_tensor(0.0), or call {op} on each tensor of {spec.name}.unbind()."
+        )
+    if value.layout != torch.strided:
+        raise InputTypeError(
+            f"{op}(): argument {spec.name!r} must be a dense (strided) tensor; got layout "
+            f"{str(value.layout).removeprefix('torch.')}. Convert it first, e.g. {spec.name}.to_dense()."
+        )
     if value.dtype not in spec.dtypes:
         names = _join([_dtype_name(d) for d in spec.dtypes])
         raise InputTypeError(

@@ -959,18 +959,29 @@ class Op:
         grad = torch.is_grad_enabled()
         # The same key as forward_route builds (there with grad off): keep the two in step.
         signature = [mode, interpret, _settings_module._generation, grad, inside_torch_op.active]
-        autograd = False
-        for v in values:
-            if isinstance(v, torch.Tensor):
-                requires_grad = v.requires_grad
-                if via_operator:
-                    if type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter:
-                        return self._autograd_call(values)
-                    if grad and requires_grad:
-                        autograd = True
-                signature.append((v.dtype, v.shape, v.stride(), v.device, requires_grad))
-            else:
-                signature.append((type(v), v))
+        autograd = subclass = False
+        try:
+            for v in values:
+                if isinstance(v, torch.Tensor):
+                    requires_grad = v.requires_grad
+                    if via_operator:
+                        if type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter:
+                            subclass = True
+                            break
+                        if grad and requires_grad:
+                            autograd = True
+                    signature.append((v.dtype, v.shape, v.stride(), v.device, requires_grad))
+                else:
+                    signature.append((type(v), v))
+        except RuntimeError:  # a tensor without sizes or strides (nested, sparse CSR): the contract's error says why
+            check_inputs(self.name, self.args, values)
+            raise
+        if subclass:
+            try:
+                return self._autograd_call(values)
+            except NotImplementedError:  # the subclass has no kernel for the operator (a jagged nested tensor)
+                check_inputs(self.name, self.args, values)
+                raise
         memo_key: tuple[Any, ...] | None = tuple(signature)
         if autograd:
             return self._autograd_call(values, memo_key)

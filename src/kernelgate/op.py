@@ -703,19 +703,12 @@ class Op:
         inputs are checked as any call's; counted and warned as a fallback (``func-transform``), and refused in
         mode ``triton``."""
         check_inputs(self.name, self.args, values)
-        current = _settings_module._current or settings()
-        mode = effective_mode(self.name, self.mode, current.mode)
-        plan = (
-            Plan(None, Reason.MODE_REFERENCE, "mode is 'reference'")
-            if mode == "reference"
-            else Plan(
-                None,
-                Reason.FUNC_TRANSFORM,
-                "a torch.func transform (vmap, grad, jacrev...) applies to this call; it can batch and differentiate "
-                "the reference's torch ops, not the kernels",
-            )
+        return self._run_reference_instead(
+            values,
+            Reason.FUNC_TRANSFORM,
+            "a torch.func transform (vmap, grad, jacrev...) applies to this call; it can batch and differentiate the "
+            "reference's torch ops, not the kernels",
         )
-        return self._run_reference(plan, values, mode, current, 0.0)
 
     def _run_under_jit_trace(self, values: tuple[Any, ...]) -> Any:
         """A call while ``torch.jit.trace`` records: the trace records torch ops, and would keep a kernel's output as a
@@ -727,17 +720,22 @@ class Op:
             check_inputs(self.name, self.args, values)
         if self.torch_op is not None:
             return self.torch_op(*values)
+        return self._run_reference_instead(
+            values,
+            Reason.JIT_TRACE,
+            "torch.jit.trace is recording this call and the op has no torch operator (it was declared with "
+            "register=False): the trace can record the reference's torch ops, not a kernel",
+        )
+
+    def _run_reference_instead(self, values: tuple[Any, ...], reason: Reason, detail: str) -> Any:
+        """The reference, for a call whose context no kernel can serve (``reason``, ``detail``): counted and warned as
+        a fallback, run as asked in mode ``reference``, refused in mode ``triton``."""
         current = _settings_module._current or settings()
         mode = effective_mode(self.name, self.mode, current.mode)
         plan = (
             Plan(None, Reason.MODE_REFERENCE, "mode is 'reference'")
             if mode == "reference"
-            else Plan(
-                None,
-                Reason.JIT_TRACE,
-                "torch.jit.trace is recording this call and the op has no torch operator (it was declared with "
-                "register=False): the trace can record the reference's torch ops, not a kernel",
-            )
+            else Plan(None, reason, detail)
         )
         return self._run_reference(plan, values, mode, current, 0.0)
 

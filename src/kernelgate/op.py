@@ -760,7 +760,9 @@ class Op:
         """
         verdict = self._step_verdict(route)
         if verdict is _StepVerdict.TIME:
-            route.eager_step = self._eager_step_is_faster(values, route)
+            # Timed with autocast off, as the route runs the reference (run_reference) and the kernels ignore it.
+            with _autocast_off(values):
+                route.eager_step = self._eager_step_is_faster(values, route)
             verdict = _StepVerdict.TIMED
         return verdict is _StepVerdict.REFERENCE_BOTH or (verdict is _StepVerdict.TIMED and bool(route.eager_step))
 
@@ -826,17 +828,15 @@ class Op:
         # H200, one timing of each chose eager autograd for softmax at 262144x128 float32, whose steps back to
         # back then took 263 us against the Function's 231; three rounds of do_bench and host timing kept
         # the Function in 18 of 190 cases of the default suite where it was then measured slower than eager.
-        # Autocast off, as the route runs the reference (run_reference) and the kernels run regardless of it.
         eager_rounds: list[float] = []
         function_rounds: list[float] = []
-        with _autocast_off(values):
-            for _ in range(STEP_ROUTE_ROUNDS):
-                try:
-                    eager_rounds.append(time_autograd_step(self.reference, leaves, wanted, device))
-                except torch.cuda.OutOfMemoryError:  # eager autograd does not fit where the Function does: keep it
-                    route.step_detail = "eager autograd ran out of memory while timed: kernelgate's Function is kept"
-                    return False
-                function_rounds.append(time_autograd_step(function_step, leaves, wanted, device))
+        for _ in range(STEP_ROUTE_ROUNDS):
+            try:
+                eager_rounds.append(time_autograd_step(self.reference, leaves, wanted, device))
+            except torch.cuda.OutOfMemoryError:  # eager autograd does not fit where the Function does: keep it
+                route.step_detail = "eager autograd ran out of memory while timed: kernelgate's Function is kept"
+                return False
+            function_rounds.append(time_autograd_step(function_step, leaves, wanted, device))
         eager_us, function_us = min(eager_rounds), min(function_rounds)
         margin = max(current.tune_margin, STEP_MARGIN)
         eager = eager_us * (1 - margin) <= function_us
@@ -849,10 +849,7 @@ class Op:
         )
         if eager and device.type == "cuda":
             steps = (self.reference, function_step)
-            with _autocast_off(values):
-                eager = self._eager_step_wins_on_the_device(
-                    leaves, wanted, device, route, steps, (eager_us, function_us)
-                )
+            eager = self._eager_step_wins_on_the_device(leaves, wanted, device, route, steps, (eager_us, function_us))
         return eager
 
     def _eager_step_wins_on_the_device(

@@ -28,8 +28,8 @@ def variants_script(benchmark_script: Callable[[str], ModuleType]) -> ModuleType
 
 def test_every_variant_matches_the_reference_interpreted(variants_script: ModuleType, tmp_path: Path) -> None:
     """Interpreted, each variant at every configuration that suits a row of 1500 (two blocks of 1024, the last
-    masked) matches the reference; the result has provenance and no timing. The old kernel runs at the package's
-    configurations without PREFETCH."""
+    masked) matches the reference; the result has provenance and no timing. The old kernel and the shifted-sums
+    kernels run at the package's configurations without PREFETCH."""
     out = tmp_path / "variants.json"
     args = ["--interpret", "--rows", "3", "--lengths", "1500", "--dtype", "float32", "--out", str(out)]
     assert variants_script.main(args) == 0
@@ -40,8 +40,11 @@ def test_every_variant_matches_the_reference_interpreted(variants_script: Module
     for r in case["results"]:
         assert r["matches_reference"] is True and "time_us" not in r, r
         by_variant.setdefault(r["variant"], []).append(r["config"])
-    assert set(by_variant) == {"looped", "welford"}
-    assert by_variant["welford"] == [c for c in by_variant["looped"] if not c["PREFETCH"]] != []
+    assert set(by_variant) == {"looped", "welford", "shifted_sums_per_lane", "shifted_sums_per_block"}
+    without_prefetch = [c for c in by_variant["looped"] if not c["PREFETCH"]]
+    assert without_prefetch != []
+    for name in ("welford", "shifted_sums_per_lane", "shifted_sums_per_block"):
+        assert by_variant[name] == without_prefetch, name
 
 
 def test_a_wrong_variant_is_reported(
@@ -60,10 +63,14 @@ def test_a_wrong_variant_is_reported(
     assert results and all(r["matches_reference"] is False and "mismatch" in r for r in results)
 
 
-@pytest.mark.parametrize(("name", "prefetch"), [("looped", 0), ("looped", 1), ("welford", 0)])
+@pytest.mark.parametrize(
+    ("name", "prefetch"),
+    [("looped", 0), ("looped", 1), ("welford", 0), ("shifted_sums_per_lane", 0), ("shifted_sums_per_block", 0)],
+)
 def test_variants_keep_precision_on_hard_rows(variants_script: ModuleType, name: str, prefetch: int) -> None:
-    """Rows of 1e4 + noise are no further from float64 than torch's result; constant rows give exactly the bias
-    (the statistics are of x - k, k the first block's mean)."""
+    """Rows of 1e4 + noise are no further from float64 than torch's result; nor are rows whose first block lies
+    far from the rest (the shift ``k``, the first block's mean, as far from the row's mean as it can be); constant
+    rows give exactly the bias (the statistics are of x - k)."""
     impl = next(i for i in variants_script.variants() if i.name == name)
     config = {**SMALL_BLOCK, "PREFETCH": prefetch}
     n = 2500
@@ -72,6 +79,12 @@ def test_variants_keep_precision_on_hard_rows(variants_script: ModuleType, name:
     eps = 1e-5
     with kernelgate.use_interpreter():
         x = 1e4 + torch.randn(3, n, generator=gen) / 3
+        y = run_candidate(impl, config, (x, (n,), w, b, eps), True, True)
+        assert_no_worse(
+            y, F.layer_norm(x, (n,), w, b, eps), F.layer_norm(x.double(), (n,), w.double(), b.double(), eps)
+        )
+        noise = torch.randn(3, n, generator=gen) / 3
+        x = torch.cat([noise[:, :1024] - 1e3, noise[:, 1024:] + 1e4], dim=1)
         y = run_candidate(impl, config, (x, (n,), w, b, eps), True, True)
         assert_no_worse(
             y, F.layer_norm(x, (n,), w, b, eps), F.layer_norm(x.double(), (n,), w.double(), b.double(), eps)
@@ -91,7 +104,7 @@ def test_variants_compile_ahead_for_sm90(variants_script: ModuleType, triton_cac
     x = torch.empty(2, 16448, dtype=torch.bfloat16)
     w = torch.empty(16448, dtype=torch.bfloat16)
     values = (x, (16448,), w, w, 1e-5)
-    _, welford = variants_script.variants()
+    welford = variants_script.variants()[1]
     launches = [
         lambda config=config: run_candidate(welford, config, values, False, False)
         for config in ({"BLOCK_N": 4096, "num_warps": warps, "PREFETCH": 0} for warps in (8, 16))

@@ -12,7 +12,8 @@ package took the variants over as one kernel with a PREFETCH switch in its confi
 - ``welford``: the kernel up to 80b1374 (``_welford_kernel``), at the same configurations without PREFETCH.
 - ``shifted_sums_per_lane``, ``shifted_sums_per_block``: a first pass as rms_norm's looped kernel takes it, sums of
   ``x - k`` and of its square (``k`` the first block's mean, which bounds their difference's cancellation), kept per
-  lane or reduced a block at a time as one pair (``_shifted_sums_kernel``): rms_norm's looped forward reached 0.91
+  lane or reduced a block at a time as one pair (``_shifted_sums_kernel``), at every configuration of ``looped``
+  (PREFETCH included): rms_norm's looped forward reached 0.91
   of copy at bfloat16 2048x32768 where layer_norm's, with its two reductions in turn a block, reached 0.74.
 
 Both end with the package's second pass (``normalise_row``). For each dtype and row length (rows chosen so
@@ -108,14 +109,16 @@ def _welford_kernel(
 @triton.jit
 def _shifted_sums_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False, PER_LANE: tl.constexpr = True,
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    PER_LANE: tl.constexpr = True,
 ):  # fmt: skip
     """The looped forward with the first pass as rms_norm's: sums of ``d = x - k`` and of ``d * d``, ``k`` the mean
     of the first block, and the variance as their difference; the arguments and grid of
     ``_layer_norm_fwd_looped_kernel``.
 
     PER_LANE: the sums are kept per lane and reduced once after the loop (no reduction inside it); else each block's
-    pair is reduced at once (one reduction of the pair) into two numbers a row. The difference cannot cancel far:
+    pair is reduced at once (one reduction of the pair) into two numbers a row. PREFETCH: as the package kernel's, each
+    block's load issued before the previous block's arithmetic. The difference cannot cancel far:
     the first block's mean ``k`` lies within ``sqrt(n_cols / BLOCK_N)`` standard deviations of the row's mean (the
     block's share of the row's squared deviations bounds it), so ``mean(d * d)`` is at most ``1 + n_cols / BLOCK_N``
     times the variance.
@@ -132,10 +135,19 @@ def _shifted_sums_kernel(
         s2 = d * d
     else:
         s1, s2 = tl.reduce((d, d * d), 0, _add_pair)
+    if PREFETCH:
+        last_start = (n_cols - 1) // BLOCK_N * BLOCK_N
+        ahead = tl.minimum(BLOCK_N, last_start) + lanes
+        x_ahead = load_tile(x_row + ahead, ahead < n_cols, 0.0, EVEN_N, "evict_last")
     for start in range(BLOCK_N, n_cols, BLOCK_N):
         cols = start + lanes
         mask = cols < n_cols
-        x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
+        if PREFETCH:
+            x = x_ahead.to(tl.float32)
+            ahead = tl.minimum(start + BLOCK_N, last_start) + lanes
+            x_ahead = load_tile(x_row + ahead, ahead < n_cols, 0.0, EVEN_N, "evict_last")
+        else:
+            x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
         d = x - k if EVEN_N else tl.where(mask, x - k, 0.0)
         if PER_LANE:
             s1 += d
@@ -177,21 +189,19 @@ def _welford_variant() -> TritonImpl:
 
 def _shifted_sums_variant(per_lane: bool) -> TritonImpl:
     """The looped implementation with ``_shifted_sums_kernel`` in place of the package's kernel, at the same
-    configurations less PREFETCH (which that kernel lacks)."""
+    configurations (PREFETCH included)."""
     looped = package_impl(kernelgate.layer_norm, "looped")
 
     def launch(
         x: torch.Tensor, shape: Sequence[int], weight: Any = None, bias: Any = None, eps: float = EPS, *, config: Any
     ) -> torch.Tensor:
+        prefetch = bool(config.get("PREFETCH", 0))
         return layer_norm_module._run_forward(
-            x, shape, weight, bias, eps, SHIFTED_SUMS, config["BLOCK_N"], config, PER_LANE=per_lane
+            x, shape, weight, bias, eps, SHIFTED_SUMS, config["BLOCK_N"], config, PREFETCH=prefetch, PER_LANE=per_lane
         )
 
-    def prune(config: Any, *args: Any) -> bool:
-        return not config["PREFETCH"] and looped.prune(config, *args)
-
     name = "shifted_sums_per_lane" if per_lane else "shifted_sums_per_block"
-    return dataclasses.replace(looped, name=name, launcher=launch, kernels=(SHIFTED_SUMS,), prune=prune)
+    return dataclasses.replace(looped, name=name, launcher=launch, kernels=(SHIFTED_SUMS,))
 
 
 def variants() -> list[TritonImpl]:

@@ -1018,12 +1018,26 @@ class Op:
                         return route.run(*values)
                 except Unsupported as err:
                     return self._run_reference(Plan(None, err.reason, err.detail), values, mode, current, 0.0)
+                except RuntimeError:
+                    self._check_after_failure(values)
+                    raise
             if route.reference_ok and mode != "triton":
                 if route.fallback_key is not None:
                     count_fallback(route.fallback_key, route.plan, current.warn_fallback)
                 # run_reference's check inline: this is the reference route's hot path.
-                return self.run_reference(*values) if _any_autocast() else self.reference(*values)
+                try:
+                    return self.run_reference(*values) if _any_autocast() else self.reference(*values)
+                except RuntimeError:
+                    self._check_after_failure(values)
+                    raise
         return self._call_slow(route.plan, values, mode, current)
+
+    def _check_after_failure(self, values: tuple[Any, ...]) -> None:
+        """Check the inputs of a remembered route that raised: their signature matched a call's that passed the
+        checks, yet they may not (a sparse COO tensor's strides read as zeros, as those of a dense tensor expanded
+        from one element do), and the contract's error then replaces torch's. Inputs that pass leave the route's
+        own error to propagate."""
+        check_inputs(self.name, self.args, values)
 
     def _call_slow(self, plan: Plan, values: tuple[Any, ...], mode: Mode, current: Settings) -> Any:
         """A call that logs, checks, interprets or runs the reference."""
@@ -1037,6 +1051,9 @@ class Op:
                 result, launches, notes = self._run_triton(plan, values, log_path is not None)
             except Unsupported as err:
                 plan = Plan(None, err.reason, err.detail)
+            except RuntimeError:
+                self._check_after_failure(values)
+                raise
             else:
                 if expected is not None:
                     from kernelgate.check import check_result
@@ -1057,7 +1074,11 @@ class Op:
             )
         if plan.is_fallback:
             record_fallback(self.name, plan, current.warn_fallback)
-        result = self.run_reference(*values)
+        try:
+            result = self.run_reference(*values)
+        except RuntimeError:
+            self._check_after_failure(values)
+            raise
         if current.log_path is not None:
             self._log(current.log_path, plan, mode, values, start or time.perf_counter(), [], [])
         return result

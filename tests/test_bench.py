@@ -1086,6 +1086,25 @@ def test_a_miss_on_the_reference_route_names_the_dispatch(interpreted: list[benc
     assert len(texts) == 2 and not any("dispatch" in t for t in texts), texts
 
 
+def test_miss_breakdown_counts_the_misses_by_target_then_by_cause(interpreted: list[bench.BenchRow]) -> None:
+    """The CLI's last line counts the misses by target, most first, then by the cause the summary names, and says
+    how many name none; with no miss it is empty."""
+    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager" and r.regime == "latency")
+    eager = dataclasses.replace(base, time_us=7.0, host_us=7.3)
+    chosen = "auto: reference (reference-faster: reference 7.1 us; best Triton single_block 22.0 us); planned in 9 ms"
+    ours = dataclasses.replace(eager, impl="kernelgate", time_us=7.0, host_us=9.8, note=chosen)
+    wide = next(r for r in interpreted if r.shape == "4x1000" and r.direction == "forward" and r.impl == "eager")
+    wide_eager = dataclasses.replace(wide, time_us=100.0, frac_of_copy=0.95)
+    wide_ours = dataclasses.replace(wide, impl="kernelgate", time_us=99.0, frac_of_copy=0.86)
+    assert bench.miss_breakdown([eager, dataclasses.replace(ours, host_us=7.3), wide_eager]) == ""
+    rows = [eager, ours, wide_eager, wide_ours]
+    assert len(bench.misses(rows)) == 3
+    assert bench.miss_breakdown(rows) == (
+        "1 behind the best peer, 1 slower than eager, 1 below the bandwidth target; "
+        "causes: 2 the reference's call plus dispatch; 1 with no cause named"
+    )
+
+
 def test_forward_backward_misses_name_the_path_the_steps_took(
     interpreted: list[bench.BenchRow], tmp_path: Path
 ) -> None:

@@ -425,7 +425,7 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
         )
     missed = bench.misses(rows)
     if missed:
-        console.print(f"{len(missed)} target(s) missed: see the summary.")
+        console.print(f"{len(missed)} target(s) missed ({bench.miss_breakdown(rows)}): see the summary.")
     errors = [r for r in rows if r.status == "error"]
     if errors:
         console.print(f"[red]{len(errors)} measurement(s) failed[/red]: their rows say why.")

@@ -10,6 +10,7 @@ different runs can be put side by side.
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import gzip
@@ -256,6 +257,42 @@ class _Miss:
 def misses(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> list[str]:
     """Where kernelgate misses a target, one sentence each (see docs/bench.md for the targets)."""
     return [m.text for m in _find_misses(rows, targets)]
+
+
+# The words of miss_breakdown for each target and each cause the summary names (its digest's columns).
+_TARGET_WORDS = {
+    "bandwidth": "below the bandwidth target",
+    "peer": "behind the best peer",
+    "eager": "slower than eager",
+    "host": "over the host-cost target",
+}
+_CAUSE_WORDS = {
+    "reference": "the reference's call plus dispatch",
+    "kernels": "kernels short of the target",
+    "field": "no implementation reaching it",
+    "autograd": "the autograd step",
+    "timed": "a step timed faster once",
+    "call": "its kernel faster alone",
+    "tuning": "tuning's choice",
+}
+
+
+def miss_breakdown(rows: Sequence[BenchRow], targets: Targets = TARGETS) -> str:
+    """The misses counted by target, then by the cause the summary names, most first; ``""`` where none is missed.
+
+    >>> miss_breakdown([])
+    ''
+    """
+    found = _find_misses(rows, targets)
+    if not found:
+        return ""
+    by_target = collections.Counter(m.target for m in found)
+    by_cause = collections.Counter(m.cause for m in found if m.cause)
+    text = ", ".join(f"{n} {_TARGET_WORDS[t]}" for t, n in by_target.most_common())
+    if by_cause:
+        text += "; causes: " + ", ".join(f"{n} {_CAUSE_WORDS[c]}" for c, n in by_cause.most_common())
+    unnamed = len(found) - sum(by_cause.values())
+    return text + (f"; {unnamed} with no cause named" if unnamed else "")
 
 
 # A case: (op, dtype, shape), the key of a kernel note.

@@ -44,6 +44,26 @@ def test_status_on_this_machine() -> None:
         assert status.driver_error
 
 
+def test_no_driver_says_what_to_check_before_tritons_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a driver, the reason names what to check (a torch built without GPU support, or a torch that sees no
+    GPU), then keeps Triton's own message; with a GPU that torch sees, Triton's message alone."""
+    triton_error = "RuntimeError: 0 active drivers ([]). There should only be one."
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert backend._why_no_driver(triton_error) == (
+        f"this torch ({torch.__version__}) is built without CUDA or ROCm; on a GPU machine install a CUDA or ROCm "
+        f"build of torch (Triton: {triton_error})"
+    )
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert backend._why_no_driver(triton_error).startswith(
+        "torch sees no GPU (torch.cuda.is_available() is False): check the driver (nvidia-smi or rocm-smi) and "
+        "CUDA_VISIBLE_DEVICES (Triton: RuntimeError: 0 active drivers"
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert backend._why_no_driver(triton_error) == triton_error
+
+
 @pytest.mark.gpu
 def test_status_with_a_gpu() -> None:
     """With a GPU the probe finds an active Triton target and no driver error."""

@@ -66,6 +66,24 @@ def _import_triton() -> tuple[Any, str | None]:
     return triton, None
 
 
+def _why_no_driver(triton_error: str) -> str:
+    """Why Triton found no GPU driver, in the terms of what to check, then Triton's own message (``0 active
+    drivers ([]). There should only be one.`` says neither)."""
+    if torch.version.cuda is None and torch.version.hip is None:
+        why = (
+            f"this torch ({torch.__version__}) is built without CUDA or ROCm; on a GPU machine install a CUDA or "
+            "ROCm build of torch"
+        )
+    elif not torch.cuda.is_available():
+        why = (
+            "torch sees no GPU (torch.cuda.is_available() is False): check the driver (nvidia-smi or rocm-smi) and "
+            "CUDA_VISIBLE_DEVICES"
+        )
+    else:
+        return triton_error
+    return f"{why} (Triton: {triton_error})"
+
+
 @functools.cache
 def status() -> BackendStatus:
     """Import Triton and probe its driver, once per process.
@@ -82,7 +100,7 @@ def status() -> BackendStatus:
         backend = triton.runtime.driver.active.get_current_target().backend
         target = str(backend)
     except Exception as err:  # Triton raises RuntimeError("0 active drivers") and others
-        driver_error = f"{type(err).__name__}: {err}"
+        driver_error = _why_no_driver(f"{type(err).__name__}: {err}")
     try:
         from triton.runtime import interpreter as _interpreter  # noqa: F401
 

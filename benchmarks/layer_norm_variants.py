@@ -1,20 +1,19 @@
-"""layer_norm's looped forward against the kernel it replaced, on a GPU (or interpreted on the CPU).
+"""layer_norm's looped forward against the kernels it replaced, on a GPU (or interpreted on the CPU).
 
 Up to 80b1374 the looped forward kept a running mean and sum of squared deviations for each lane (Welford's
 update): compiled for sm_90, 64 registers a thread at bfloat16, BLOCK_N 4096 and 8 warps, so four programs a
-multiprocessor and one block of each in flight; bfloat16 2048x32768 ran at 0.69 of copy at 07749bf, where
-rms_norm's looped kernel reached 0.91. This script measured that kernel against two variants that keep two
-numbers a row (each block's mean and squared deviations, merged by Chan's update; 40 registers), with and
-without the next block's load issued first (``benchmarks/results/h200/layer-norm-variants-80b1374``). The
-package took the variants over as one kernel with a PREFETCH switch in its configurations; the script now keeps:
+multiprocessor and one block of each in flight; bfloat16 2048x32768 ran at 0.69 of copy at 07749bf. From 80b1374
+to b7b5b64 it kept two numbers a row (each block's mean and squared deviations, merged by Chan's update; 40
+registers), with a PREFETCH switch in its configurations (``benchmarks/results/h200/layer-norm-variants-80b1374``):
+0.74 of copy there, where rms_norm's looped kernel, which reduces nothing inside its loop, reached 0.91. Since then
+it takes its first pass as rms_norm's: sums of ``x - k`` and of its square kept per lane (``k`` the first block's
+mean, which bounds their difference's cancellation). The script keeps:
 
 - ``looped``: kernelgate's looped implementation, every configuration (PREFETCH included).
 - ``welford``: the kernel up to 80b1374 (``_welford_kernel``), at the same configurations without PREFETCH.
-- ``shifted_sums_per_lane``, ``shifted_sums_per_block``: a first pass as rms_norm's looped kernel takes it, sums of
-  ``x - k`` and of its square (``k`` the first block's mean, which bounds their difference's cancellation), kept per
-  lane or reduced a block at a time as one pair (``_shifted_sums_kernel``), at every configuration of ``looped``
-  (PREFETCH included): rms_norm's looped forward reached 0.91
-  of copy at bfloat16 2048x32768 where layer_norm's, with its two reductions in turn a block, reached 0.74.
+- ``chan``: the kernel from 80b1374 to b7b5b64 (``_chan_kernel``), at every configuration of ``looped``.
+- ``shifted_sums_per_block``: the package's sums reduced a block at a time into one pair a row
+  (``_shifted_sums_per_block_kernel``), at every configuration of ``looped``.
 
 Both end with the package's second pass (``normalise_row``). For each dtype and row length (rows chosen so
 that x is about 128 MiB), each runs at every configuration that suits the row, compiled ahead in worker
@@ -45,7 +44,7 @@ from variant_timing import argument_parser, check_and_time, package_impl, run_ca
 import kernelgate
 from kernelgate.launch import LazyKernel
 from kernelgate.op import TritonImpl
-from kernelgate.ops.layer_norm.kernels import _add_pair, normalise_row
+from kernelgate.ops.layer_norm.kernels import _add_pair, _block_stats, normalise_row
 from kernelgate.ops.tiles import load_tile
 
 # The package module (kernelgate.layer_norm is the op object of the same name).
@@ -107,21 +106,57 @@ def _welford_kernel(
 
 
 @triton.jit
-def _shifted_sums_kernel(
+def _chan_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-    PER_LANE: tl.constexpr = True,
 ):  # fmt: skip
-    """The looped forward with the first pass as rms_norm's: sums of ``d = x - k`` and of ``d * d``, ``k`` the mean
-    of the first block, and the variance as their difference; the arguments and grid of
-    ``_layer_norm_fwd_looped_kernel``.
+    """kernelgate's looped forward from 80b1374 to b7b5b64; the arguments and grid of ``_layer_norm_fwd_looped_kernel``.
 
-    PER_LANE: the sums are kept per lane and reduced once after the loop (no reduction inside it); else each block's
-    pair is reduced at once (one reduction of the pair) into two numbers a row. PREFETCH: as the package kernel's, each
-    block's load issued before the previous block's arithmetic. The difference cannot cancel far:
-    the first block's mean ``k`` lies within ``sqrt(n_cols / BLOCK_N)`` standard deviations of the row's mean (the
-    block's share of the row's squared deviations bounds it), so ``mean(d * d)`` is at most ``1 + n_cols / BLOCK_N``
-    times the variance.
+    The first pass keeps two numbers a row: each block's mean and sum of squared deviations of ``d = x - k`` (``k``
+    the first block's mean), merged into the row's running pair (Chan's update), two reductions in turn a block.
+    PREFETCH: each block's load issued before the previous block's arithmetic, as the package kernel's.
+    """
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride_xm
+    lanes = tl.arange(0, BLOCK_N)
+    mask = lanes < n_cols
+    x = load_tile(x_row + lanes, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
+    count = tl.minimum(n_cols, BLOCK_N).to(tl.float32)
+    k = tl.sum(x, axis=0) / count
+    mean, m2 = _block_stats(x, mask, k, count, False)
+    if PREFETCH:
+        last_start = (n_cols - 1) // BLOCK_N * BLOCK_N
+        ahead = tl.minimum(BLOCK_N, last_start) + lanes
+        x_ahead = load_tile(x_row + ahead, ahead < n_cols, 0.0, EVEN_N, "evict_last")
+    for start in range(BLOCK_N, n_cols, BLOCK_N):
+        cols = start + lanes
+        mask = cols < n_cols
+        if PREFETCH:
+            x = x_ahead.to(tl.float32)
+            ahead = tl.minimum(start + BLOCK_N, last_start) + lanes
+            x_ahead = load_tile(x_row + ahead, ahead < n_cols, 0.0, EVEN_N, "evict_last")
+        else:
+            x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
+        n_block = tl.minimum(n_cols - start, BLOCK_N).to(tl.float32)
+        block_mean, block_m2 = _block_stats(x, mask, k, n_block, False)
+        total = count + n_block
+        delta = block_mean - mean
+        mean += delta * (n_block / total)
+        m2 += block_m2 + delta * delta * (count * n_block / total)
+        count = total
+    rstd = tl.rsqrt(m2 / n_cols + eps)
+    y_row = y_ptr + row * stride_ym
+    normalise_row(x_row, w_ptr, b_ptr, y_row, n_cols, k, mean, rstd, HAS_WEIGHT, HAS_BIAS, BLOCK_N, EVEN_N)
+
+
+@triton.jit
+def _shifted_sums_per_block_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, stride_xm, stride_ym, n_cols, eps, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+):  # fmt: skip
+    """The package's looped forward with its sums of ``d = x - k`` and of ``d * d`` reduced a block at a time into two
+    numbers a row (one reduction of the pair a block) instead of kept per lane; the arguments and grid of
+    ``_layer_norm_fwd_looped_kernel``, PREFETCH as its.
     """
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
@@ -130,11 +165,7 @@ def _shifted_sums_kernel(
     x = load_tile(x_row + lanes, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
     k = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
     d = tl.where(mask, x - k, 0.0)
-    if PER_LANE:
-        s1 = d
-        s2 = d * d
-    else:
-        s1, s2 = tl.reduce((d, d * d), 0, _add_pair)
+    sum1, sum2 = tl.reduce((d, d * d), 0, _add_pair)
     if PREFETCH:
         last_start = (n_cols - 1) // BLOCK_N * BLOCK_N
         ahead = tl.minimum(BLOCK_N, last_start) + lanes
@@ -149,17 +180,9 @@ def _shifted_sums_kernel(
         else:
             x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
         d = x - k if EVEN_N else tl.where(mask, x - k, 0.0)
-        if PER_LANE:
-            s1 += d
-            s2 += d * d
-        else:
-            b1, b2 = tl.reduce((d, d * d), 0, _add_pair)
-            s1 += b1
-            s2 += b2
-    if PER_LANE:
-        sum1, sum2 = tl.reduce((s1, s2), 0, _add_pair)
-    else:
-        sum1, sum2 = s1, s2
+        b1, b2 = tl.reduce((d, d * d), 0, _add_pair)
+        sum1 += b1
+        sum2 += b2
     centre = sum1 / n_cols  # mean(x) - k
     rstd = tl.rsqrt(tl.maximum(sum2 / n_cols - centre * centre, 0.0) + eps)
     y_row = y_ptr + row * stride_ym
@@ -168,7 +191,8 @@ def _shifted_sums_kernel(
 
 # By the module's importable name (not "__main__" when it runs as a script): the compile workers import it by name.
 WELFORD = LazyKernel(Path(__file__).stem, "_welford_kernel")
-SHIFTED_SUMS = LazyKernel(Path(__file__).stem, "_shifted_sums_kernel")
+CHAN = LazyKernel(Path(__file__).stem, "_chan_kernel")
+SHIFTED_SUMS_PER_BLOCK = LazyKernel(Path(__file__).stem, "_shifted_sums_per_block_kernel")
 
 
 def _welford_variant() -> TritonImpl:
@@ -187,9 +211,9 @@ def _welford_variant() -> TritonImpl:
     return dataclasses.replace(looped, name="welford", launcher=launch, kernels=(WELFORD,), prune=prune)
 
 
-def _shifted_sums_variant(per_lane: bool) -> TritonImpl:
-    """The looped implementation with ``_shifted_sums_kernel`` in place of the package's kernel, at the same
-    configurations (PREFETCH included)."""
+def _prefetching_variant(name: str, kernel: LazyKernel) -> TritonImpl:
+    """The looped implementation with ``kernel`` in place of the package's kernel, at the same configurations
+    (PREFETCH included)."""
     looped = package_impl(kernelgate.layer_norm, "looped")
 
     def launch(
@@ -197,20 +221,19 @@ def _shifted_sums_variant(per_lane: bool) -> TritonImpl:
     ) -> torch.Tensor:
         prefetch = bool(config.get("PREFETCH", 0))
         return layer_norm_module._run_forward(
-            x, shape, weight, bias, eps, SHIFTED_SUMS, config["BLOCK_N"], config, PREFETCH=prefetch, PER_LANE=per_lane
+            x, shape, weight, bias, eps, kernel, config["BLOCK_N"], config, PREFETCH=prefetch
         )
 
-    name = "shifted_sums_per_lane" if per_lane else "shifted_sums_per_block"
-    return dataclasses.replace(looped, name=name, launcher=launch, kernels=(SHIFTED_SUMS,))
+    return dataclasses.replace(looped, name=name, launcher=launch, kernels=(kernel,))
 
 
 def variants() -> list[TritonImpl]:
-    """The package's looped implementation, the kernel it replaced, and the two shifted-sums kernels."""
+    """The package's looped implementation, the two kernels it replaced, and its sums reduced a block at a time."""
     return [
         package_impl(kernelgate.layer_norm, "looped"),
         _welford_variant(),
-        _shifted_sums_variant(per_lane=True),
-        _shifted_sums_variant(per_lane=False),
+        _prefetching_variant("chan", CHAN),
+        _prefetching_variant("shifted_sums_per_block", SHIFTED_SUMS_PER_BLOCK),
     ]
 
 

@@ -28,8 +28,8 @@ def variants_script(benchmark_script: Callable[[str], ModuleType]) -> ModuleType
 
 def test_every_variant_matches_the_reference_interpreted(variants_script: ModuleType, tmp_path: Path) -> None:
     """Interpreted, each variant at every configuration that suits a row of 1500 (two blocks of 1024, the last
-    masked) matches the reference; the result has provenance and no timing. The old kernel runs at the package's
-    configurations without PREFETCH, the shifted-sums kernels at all of them."""
+    masked) matches the reference; the result has provenance and no timing. The Welford kernel runs at the package's
+    configurations without PREFETCH, the others at all of them."""
     out = tmp_path / "variants.json"
     args = ["--interpret", "--rows", "3", "--lengths", "1500", "--dtype", "float32", "--out", str(out)]
     assert variants_script.main(args) == 0
@@ -40,11 +40,11 @@ def test_every_variant_matches_the_reference_interpreted(variants_script: Module
     for r in case["results"]:
         assert r["matches_reference"] is True and "time_us" not in r, r
         by_variant.setdefault(r["variant"], []).append(r["config"])
-    assert set(by_variant) == {"looped", "welford", "shifted_sums_per_lane", "shifted_sums_per_block"}
+    assert set(by_variant) == {"looped", "welford", "chan", "shifted_sums_per_block"}
     without_prefetch = [c for c in by_variant["looped"] if not c["PREFETCH"]]
     assert without_prefetch != []
     assert by_variant["welford"] == without_prefetch
-    for name in ("shifted_sums_per_lane", "shifted_sums_per_block"):
+    for name in ("chan", "shifted_sums_per_block"):
         assert by_variant[name] == by_variant["looped"], name
 
 
@@ -70,8 +70,8 @@ def test_a_wrong_variant_is_reported(
         ("looped", 0),
         ("looped", 1),
         ("welford", 0),
-        ("shifted_sums_per_lane", 0),
-        ("shifted_sums_per_lane", 1),
+        ("chan", 0),
+        ("chan", 1),
         ("shifted_sums_per_block", 0),
         ("shifted_sums_per_block", 1),
     ],

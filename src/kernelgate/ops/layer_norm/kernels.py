@@ -7,10 +7,10 @@ arithmetic is in float32, and no statistic suffers cancellation however large a 
 zero. The single-block kernels hold the row in registers: an estimate ``m0`` of the mean, then the
 deviations ``d = x - m0`` (exact for x near m0), their mean ``shift`` and mean square; ``x - mean``
 is formed as ``d - shift``, never through a rounded mean. The looped kernels subtract ``k``, the
-mean of the row's first block: the forward merges each block's mean and squared deviations of
-``x - k`` into the row's (Chan's update); the backward keeps per lane running means and
-co-moments (Welford's update, no reduction inside the loop), combined across lanes at the end in
-the same two steps."""
+mean of the row's first block: the forward keeps per lane the sums of ``x - k`` and of its square
+(no reduction inside the loop; ``k`` bounds their difference's cancellation); the backward keeps per
+lane running means and co-moments (Welford's update), combined across lanes at the end in two
+steps."""
 
 from __future__ import annotations
 
@@ -177,18 +177,21 @@ def _layer_norm_fwd_looped_kernel(
     reads the last block again).
 
     The statistics are of ``d = x - k``, ``k`` the mean of the first block (values near zero, whose
-    means keep their low bits): each block's mean and sum of squared deviations from it, merged
-    into the row's running pair (Chan's update). Two numbers a row, not two a lane, leave registers
-    for more programs a multiprocessor.
+    means keep their low bits): sums of d and of d * d kept per lane, as rms_norm's looped kernel keeps its
+    sum of squares (no reduction inside the loop), and the variance as ``mean(d * d) - mean(d) ** 2``. That
+    difference cannot cancel far: the first block's share of the row's squared deviations bounds how far its
+    mean lies from the row's, ``(mean(x) - k) ** 2 <= var * n_cols / BLOCK_N``, so ``mean(d * d)`` is at most
+    ``1 + n_cols / BLOCK_N`` times the variance.
     """
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
     lanes = tl.arange(0, BLOCK_N)
     mask = lanes < n_cols
     x = load_tile(x_row + lanes, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
-    count = tl.minimum(n_cols, BLOCK_N).to(tl.float32)
-    k = tl.sum(x, axis=0) / count
-    mean, m2 = _block_stats(x, mask, k, count, False)
+    k = tl.sum(x, axis=0) / tl.minimum(n_cols, BLOCK_N)
+    d = tl.where(mask, x - k, 0.0)
+    sum_d = d
+    sum_dd = d * d
     if PREFETCH:
         last_start = (n_cols - 1) // BLOCK_N * BLOCK_N
         ahead = tl.minimum(BLOCK_N, last_start) + lanes
@@ -202,16 +205,14 @@ def _layer_norm_fwd_looped_kernel(
             x_ahead = load_tile(x_row + ahead, ahead < n_cols, 0.0, EVEN_N, "evict_last")
         else:
             x = load_tile(x_row + cols, mask, 0.0, EVEN_N, "evict_last").to(tl.float32)
-        n_block = tl.minimum(n_cols - start, BLOCK_N).to(tl.float32)
-        block_mean, block_m2 = _block_stats(x, mask, k, n_block, False)
-        total = count + n_block
-        delta = block_mean - mean
-        mean += delta * (n_block / total)
-        m2 += block_m2 + delta * delta * (count * n_block / total)
-        count = total
-    rstd = tl.rsqrt(m2 / n_cols + eps)
+        d = x - k if EVEN_N else tl.where(mask, x - k, 0.0)
+        sum_d += d
+        sum_dd += d * d
+    total_d, total_dd = tl.reduce((sum_d, sum_dd), 0, _add_pair)
+    centre = total_d / n_cols  # mean(x) - k
+    rstd = tl.rsqrt(tl.maximum(total_dd / n_cols - centre * centre, 0.0) + eps)
     y_row = y_ptr + row * stride_ym
-    normalise_row(x_row, w_ptr, b_ptr, y_row, n_cols, k, mean, rstd, HAS_WEIGHT, HAS_BIAS, BLOCK_N, EVEN_N)
+    normalise_row(x_row, w_ptr, b_ptr, y_row, n_cols, k, centre, rstd, HAS_WEIGHT, HAS_BIAS, BLOCK_N, EVEN_N)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""benchmarks/layer_norm_variants.py: layer_norm's looped forward against the kernel it replaced."""
+"""benchmarks/layer_norm_variants.py: layer_norm's looped forward against the kernels it replaced."""
 
 from __future__ import annotations
 

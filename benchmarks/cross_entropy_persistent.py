@@ -1,12 +1,12 @@
 """cross_entropy_with_grad's looped kernel with a persistent grid, against the package's implementations.
 
 The looped forward with the gradient reads a row longer than one block twice: a pass for its statistics (asking L2
-to keep the row), a pass writing the gradient. With a program a row, more rows are in flight than L2 holds (bf16
-8192x32000 at 4 warps: up to 16 programs a multiprocessor, 64 KB a row), so the second read comes from memory: three
-passes over the row's bytes where the minimum is two (``benchmarks/results/h100/ab-ln-shifted-sums-ce-grad-pass-
-b7b5b64``). The variant here, ``persistent_looped``, launches PER_SM programs a multiprocessor, each taking rows
-``pid, pid + programs, ...`` in turn with the package kernel's row body, so that only ``programs`` rows are in
-flight: with PER_SM 1 or 2 and rows of 64 KB, 8 to 17 MB, which L2 holds between the two passes.
+to keep the row), a pass writing the gradient. With a program a row, more rows can be in flight than L2 holds (bf16
+8192x32000 at 4 warps: up to 16 programs a multiprocessor by their threads, 64 KB a row), so the second read may
+come from memory: three passes over the row's bytes where the minimum is two. The variant here,
+``persistent_looped``, tests that: it launches PER_SM programs a multiprocessor, each taking rows ``pid, pid +
+programs, ...`` in turn with the package kernel's row body, so that only ``programs`` rows are in flight (with
+PER_SM 1 or 2 and rows of 64 KB, 8 to 17 MB, which L2 holds between the two passes).
 
 For each dtype and shape (the bench's cross_entropy shapes, or ``--shapes``), the package's ``looped`` and
 ``split_rows`` and the variant run at every configuration that suits the input, compiled ahead in worker

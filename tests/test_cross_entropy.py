@@ -976,10 +976,9 @@ def test_eager_autograd_of_a_reduced_loss_computes_float32_gradients_in_the_forw
     dtype: torch.dtype,
     scale: float,
 ) -> None:
-    """Under eager autograd a reduced loss of float32 logits runs cross_entropy_with_grad, and the backward
-    cross_entropy_backward_into; of 2-byte logits, cross_entropy_with_stats and cross_entropy_backward (on the H200 the
-    fused forward saved them no device time). The gradient of loss * scale is no worse than torch's against float64
-    (label smoothing included)."""
+    """Under eager autograd a reduced loss runs cross_entropy_with_grad, and the backward cross_entropy_backward_into,
+    in every dtype (2-byte logits too: FUSED_GRAD_MIN_BYTES). The gradient of loss * scale is no worse than torch's
+    against float64 (label smoothing included)."""
     kernelgate.configure(log_path=tmp_path / "log.csv")
     logits = _logits(shape, dtype, target).requires_grad_()
     labels = _target(*shape, target, ignored=(1,))
@@ -990,12 +989,10 @@ def test_eager_autograd_of_a_reduced_loss_computes_float32_gradients_in_the_forw
     assert bool((logits.grad[1] == 0).all())
     grad = torch.tensor(scale, dtype=dtype, device=target)
     _assert_no_worse_than_torch(logits.grad, logits, labels, weight, 0.1, reduction, grad)
-    fused = dtype.itemsize >= 4
-    assert {op for op, _ in _eager_rows(tmp_path / "log.csv")} == (
-        {"cross_entropy_with_grad", "cross_entropy_backward_into"}
-        if fused
-        else {"cross_entropy_with_stats", "cross_entropy_backward"}
-    )
+    assert {op for op, _ in _eager_rows(tmp_path / "log.csv")} == {
+        "cross_entropy_with_grad",
+        "cross_entropy_backward_into",
+    }
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

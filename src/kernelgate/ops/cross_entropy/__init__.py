@@ -13,9 +13,8 @@ Memory traffic, for ``N x C`` logits of ``b`` bytes each:
 - forward: reads the logits once (``N*C*b``; rows whose target is ignored are not read) and writes
   ``N`` losses; with smoothing and ``weight`` it also reads the weights per row, from L2. ``"mean"``
   and ``"sum"`` add one program summing ``N`` float32 losses (and target weights).
-- forward+backward of ``"mean"`` and ``"sum"`` of float32 logits under eager autograd (2-byte logits run
-  as ``"none"`` does, below: on the H200 computing the gradient in the forward saved them no device
-  time, see ``FUSED_GRAD_MIN_BYTES``): the forward runs as ``cross_entropy_with_grad``, whose program
+- forward+backward of ``"mean"`` and ``"sum"`` under eager autograd (see ``FUSED_GRAD_MIN_BYTES``): the
+  forward runs as ``cross_entropy_with_grad``, whose program
   per row reads the row (ignored rows too, whose gradient is 0, or NaN where torch's is) and writes its
   loss and its gradient for an incoming gradient of 1: ``2*N*C*b`` in all for rows of up to 16384
   classes, held in registers. A longer row is read twice, once for its loss, maximum and log-sum and
@@ -32,10 +31,10 @@ Memory traffic, for ``N x C`` logits of ``b`` bytes each:
   backward below does: that reads as much as scaling the saved gradient would. A second backward of the
   same graph (``retain_graph=True``), a differentiated one (``create_graph=True``) and a traced call run
   the backward below.
-- backward (of ``"none"``, of 2-byte ``"mean"`` and ``"sum"``, and the cases just named): writes
+- backward (of ``"none"`` and the cases just named): writes
   ``N*C*b``. A row of up to 16384 classes is read once (held in registers). A longer row is read once
   too when the backward gets the forward's row statistics (``stats``: each row's maximum and log-sum,
-  8 bytes a row), as under eager autograd of ``"none"`` and of 2-byte logits, where the forward runs
+  8 bytes a row), as under eager autograd of ``"none"``, where the forward runs
   as ``cross_entropy_with_stats``; without them (a
   traced call, or a direct call without ``stats``) it is read twice, once for its log-sum-exp and
   once to write the gradient, so that backward moves about ``3*N*C*b`` instead of ``2*N*C*b`` for
@@ -677,18 +676,20 @@ def reset_incoming_gradient() -> None:
     _incoming_gradient = _IncomingGradient()
 
 
-# Bytes per logit from which the forward of a reduced loss computes its gradient (float32). On the H200
+# Bytes per logit from which the forward of a reduced loss computes its gradient: every dtype. On the H200
 # at 8192x32000 (benchmarks/results/h200: profile-2e948f3, verify-7a78c96, cross-entropy-d5b23b2), in
 # float32 the fused kernel took 574 to 595 us against 826 for the statistics path's kernels called
-# directly, and the step through autograd 604 us against 793; in bfloat16 it took 405 to 424 us
-# against 426 for the statistics path's four kernels (forward 151, backward 267): no device time
-# saved, while the step, bound by the host, took 706 to 845 us against 429.
-FUSED_GRAD_MIN_BYTES = 4
+# directly. bfloat16 kept the statistics path (4 here) while its fused kernel saved no device time (405
+# to 424 us against 426); since its streamed first pass reads whole blocks unmasked, staged, in the exp2
+# form, it does: on an H100 (benchmarks/results/h100/ce-fused-bf16-45176a5) kernelgate's step took 474
+# against 555 us at 8192x32000 (0.62 -> 0.73 of copy), 1038 against 1084 at 4096x128256 and 1072 against
+# 1090 at 2048x256000, and back to back in a fresh process 560 against 749 us a step.
+FUSED_GRAD_MIN_BYTES = 2
 
 
 def _forward_op(inputs: tuple[Any, ...]) -> Op:
-    """The forward eager autograd runs: for a reduced (scalar) loss of float32 logits whose backward is
-    expected to get 1, with the gradient; else with the row statistics.
+    """The forward eager autograd runs: for a reduced (scalar) loss whose backward is expected to get 1 (of
+    logits of at least FUSED_GRAD_MIN_BYTES), with the gradient; else with the row statistics.
 
     Under eager autograd the logits are the only input that can require grad (a weight that does is
     refused by _save), so the reduction, the logits' dtype and the incoming gradient decide.

@@ -23,9 +23,8 @@ the CPU through Triton's interpreter and are only checked.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
+import functools
 import importlib
 import sys
 from collections.abc import Sequence
@@ -35,10 +34,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from provenance import provenance, write_json  # benchmarks/provenance.py, beside this script
-from variant_timing import check_and_time, copy_gbps, package_impl, summary_line  # beside this script
+from variant_timing import check_and_time, package_impl, run_cases, shapes_argument_parser  # beside this script
 
-import kernelgate
 from kernelgate.launch import LazyKernel, as_rows, launch
 from kernelgate.op import TritonImpl
 from kernelgate.ops.cross_entropy.kernels import (
@@ -208,42 +205,24 @@ def variants() -> list[TritonImpl]:
     return [package_impl(ce.cross_entropy_with_grad, "looped"), _staged_variant()]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16"])
-    parser.add_argument("--shapes", nargs="+", help="MxV shapes (default: the bench's cross_entropy shapes)")
-    parser.add_argument("--smoothing", type=float, default=0.0, help="label smoothing of the inputs (default 0)")
-    parser.add_argument("--interpret", action="store_true", help="run the kernels on the CPU and only check them")
-    args = parser.parse_args(argv)
-    if not args.interpret and not torch.cuda.is_available():
-        print("benchmarks/cross_entropy_gradient_pass.py times kernels on a GPU; none is visible (--interpret checks).")
-        return 2
-    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
-    device = torch.device("cpu" if args.interpret else "cuda")
-    copy = None if args.interpret else copy_gbps(device)
+def measure_case(
+    smoothing: float, dtype: torch.dtype, rows: int, n: int, device: torch.device, interpret: bool
+) -> list[dict[str, Any]]:
+    """Check, then (on a GPU) time, every configuration of each variant at ``rows`` x ``n`` logits of the op's
+    inputs, with label smoothing ``smoothing``."""
     op = ce.cross_entropy_with_grad
-    cases = []
-    with kernelgate.use_interpreter() if args.interpret else contextlib.nullcontext():
-        for dtype_name in args.dtype or ["bfloat16", "float32"]:
-            dtype = getattr(torch, dtype_name)
-            for rows, n in shapes:
-                logits, target, weight, ignore_index, _, reduction = op.make_inputs((rows, n), dtype, device)
-                values = (logits, target, weight, ignore_index, args.smoothing, reduction)
-                nbytes = 2 * rows * n * dtype.itemsize + 8 * rows
-                results = check_and_time(op, variants(), values, n, nbytes, args.interpret, record_errors=True)
-                for r in results:
-                    if copy is not None and "gbps" in r:
-                        r["frac_of_copy"] = round(r["gbps"] / copy, 4)
-                cases.append({"dtype": dtype_name, "shape": [rows, n], "results": results})
-                print(summary_line(f"{dtype_name} {rows}x{n}", results), flush=True)
-    write_json(args.out, {**provenance(device), "copy_gbps": copy, "smoothing": args.smoothing, "cases": cases})
-    failed = [
-        (c["dtype"], c["shape"], r["variant"], r["config"]) for c in cases for r in c["results"] if "mismatch" in r
-    ]
-    for failure in failed:
-        print("mismatch:", *failure, file=sys.stderr)
-    return 1 if failed else 0
+    logits, target, weight, ignore_index, _, reduction = op.make_inputs((rows, n), dtype, device)
+    values = (logits, target, weight, ignore_index, smoothing, reduction)
+    nbytes = 2 * rows * n * dtype.itemsize + 8 * rows
+    return check_and_time(op, variants(), values, n, nbytes, interpret, record_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = shapes_argument_parser(__doc__, SHAPES)
+    parser.add_argument("--smoothing", type=float, default=0.0, help="label smoothing of the inputs (default 0)")
+    args = parser.parse_args(argv)
+    groups = [({}, functools.partial(measure_case, args.smoothing))]
+    return run_cases(args, Path(__file__).name, groups, {"smoothing": args.smoothing})
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ CPU through Triton's interpreter and are only checked.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import importlib
 import sys
@@ -33,10 +31,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from provenance import provenance, write_json  # benchmarks/provenance.py, beside this script
-from variant_timing import check_and_time, copy_gbps, package_impl, summary_line  # beside this script
+from variant_timing import check_and_time, package_impl, run_cases, shapes_argument_parser  # beside this script
 
-import kernelgate
 from kernelgate import rowwise
 from kernelgate.config import ConfigSpace
 from kernelgate.launch import LazyKernel, as_rows, launch
@@ -133,42 +129,18 @@ def variants() -> list[TritonImpl]:
     return [package_impl(op, "looped"), package_impl(op, "split_rows"), _persistent_variant()]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16"])
-    parser.add_argument("--shapes", nargs="+", help="MxV shapes (default: the bench's cross_entropy shapes)")
-    parser.add_argument("--interpret", action="store_true", help="run the kernels on the CPU and only check them")
-    args = parser.parse_args(argv)
-    if not args.interpret and not torch.cuda.is_available():
-        print(
-            "benchmarks/cross_entropy_persistent.py times kernels on a GPU; none is visible (--interpret checks them)."
-        )
-        return 2
-    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
-    device = torch.device("cpu" if args.interpret else "cuda")
-    copy = None if args.interpret else copy_gbps(device)
+def measure_case(dtype: torch.dtype, rows: int, n: int, device: torch.device, interpret: bool) -> list[dict[str, Any]]:
+    """Check, then (on a GPU) time, every configuration of each variant at ``rows`` x ``n`` logits of the op's
+    inputs."""
     op = ce.cross_entropy_with_grad
-    cases = []
-    with kernelgate.use_interpreter() if args.interpret else contextlib.nullcontext():
-        for dtype_name in args.dtype or ["bfloat16", "float32"]:
-            dtype = getattr(torch, dtype_name)
-            for rows, n in shapes:
-                values = op.make_inputs((rows, n), dtype, device)
-                nbytes = 2 * rows * n * dtype.itemsize + 8 * rows
-                results = check_and_time(op, variants(), values, n, nbytes, args.interpret, record_errors=True)
-                for r in results:
-                    if copy is not None and "gbps" in r:
-                        r["frac_of_copy"] = round(r["gbps"] / copy, 4)
-                cases.append({"dtype": dtype_name, "shape": [rows, n], "results": results})
-                print(summary_line(f"{dtype_name} {rows}x{n}", results), flush=True)
-    write_json(args.out, {**provenance(device), "copy_gbps": copy, "cases": cases})
-    failed = [
-        (c["dtype"], c["shape"], r["variant"], r["config"]) for c in cases for r in c["results"] if "mismatch" in r
-    ]
-    for failure in failed:
-        print("mismatch:", *failure, file=sys.stderr)
-    return 1 if failed else 0
+    values = op.make_inputs((rows, n), dtype, device)
+    nbytes = 2 * rows * n * dtype.itemsize + 8 * rows
+    return check_and_time(op, variants(), values, n, nbytes, interpret, record_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = shapes_argument_parser(__doc__, SHAPES).parse_args(argv)
+    return run_cases(args, Path(__file__).name, [({}, measure_case)])
 
 
 if __name__ == "__main__":

@@ -116,13 +116,43 @@ def argument_parser(description: str, default_lengths: Sequence[int]) -> argpars
     return parser
 
 
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"8192x32000"`` as ``(8192, 32000)``: rows by row length."""
+    rows, _, n = text.partition("x")
+    try:
+        return int(rows), int(n)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is ROWSxLENGTH, such as 8192x32000; got {text!r}") from None
+
+
+def shapes_argument_parser(description: str, default_shapes: Sequence[tuple[int, int]]) -> argparse.ArgumentParser:
+    """The arguments of a variant script measured at whole shapes (cross_entropy's vocabularies): ``--out``,
+    ``--dtype``, ``--shapes`` (``ROWSxLENGTH`` each), ``--interpret``; :func:`run_cases` takes them as it takes
+    :func:`argument_parser`'s."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--shapes", type=parse_shape, nargs="+", default=list(default_shapes), metavar="ROWSxLENGTH")
+    parser.add_argument("--interpret", action="store_true", help="run the kernels on the CPU and only check them")
+    return parser
+
+
+def _case_shapes(args: argparse.Namespace, dtype: torch.dtype) -> list[tuple[int, int]]:
+    """The ``(rows, length)`` of each case: ``--shapes``, or each of ``--lengths`` with ``--rows`` or rows making
+    about TARGET_BYTES of ``dtype``."""
+    if getattr(args, "shapes", None):
+        return list(args.shapes)
+    return [(args.rows or max(1, TARGET_BYTES // (n * dtype.itemsize)), n) for n in args.lengths]
+
+
 def run_cases(
     args: argparse.Namespace,
     script: str,
     groups: Sequence[tuple[dict[str, str], Measure]],
     extra: dict[str, Any] | None = None,
 ) -> int:
-    """Measure each group at each of ``args``' dtypes and lengths, print a line a case and write ``args.out``.
+    """Measure each group at each of ``args``' dtypes and shapes (or lengths), print a line a case and write
+    ``args.out``.
 
     A group is its labels (``{"op": "softmax"}``, or none), which head each of its cases, and its measurement. The
     JSON holds the provenance, ``copy_gbps`` (``None`` interpreted), ``extra`` and ``cases``: the labels,
@@ -139,8 +169,7 @@ def run_cases(
         for labels, measure in groups:
             for dtype_name in args.dtype or ["float32", "bfloat16"]:
                 dtype = getattr(torch, dtype_name)
-                for n in args.lengths:
-                    rows = args.rows or max(1, TARGET_BYTES // (n * dtype.itemsize))
+                for rows, n in _case_shapes(args, dtype):
                     results = measure(dtype, rows, n, device, args.interpret)
                     for r in results:
                         if copy is not None and "gbps" in r:

@@ -57,3 +57,15 @@ def test_a_wrong_variant_is_reported(
     assert persistent_script.main(args) == 1
     results = json.loads(out.read_text())["cases"][0]["results"]
     assert results and all(r["matches_reference"] is False and "mismatch" in r for r in results)
+
+
+def test_a_malformed_shape_is_refused_with_the_form_expected(
+    persistent_script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--shapes`` takes ROWSxLENGTH: anything else stops the script with argparse's error naming the form and what
+    came, before anything runs."""
+    with pytest.raises(SystemExit) as exit_info:
+        persistent_script.main(["--interpret", "--shapes", "8192by32000", "--out", str(tmp_path / "x.json")])
+    assert exit_info.value.code == 2
+    assert "a shape is ROWSxLENGTH, such as 8192x32000; got '8192by32000'" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()

@@ -41,10 +41,10 @@ Memory traffic, for ``N x C`` logits of ``b`` bytes each:
   rows of 128K-256K classes. Ignored rows, which the forward does not read, are always read twice.
 
 Extra memory: ``N`` float32 per-row losses for ``"sum"``, and ``N`` more target weights for ``"mean"``;
-under eager autograd of float32 ``"mean"`` and ``"sum"`` the gradient (``N*C*b``) is allocated in the
+under eager autograd of ``"mean"`` and ``"sum"`` the gradient (``N*C*b``) is allocated in the
 forward and held until the backward hands it to autograd (the peak of a forward+backward step is the
 same, but the gradient lives from the forward on instead of from the backward on); under eager
-autograd of ``"none"`` and of 2-byte logits, ``2*N`` float32 statistics; one float32 in the backward
+autograd of ``"none"``, ``2*N`` float32 statistics; one float32 in the backward
 of ``"mean"``; no float32 copy of the logits, no softmax buffer. The loss and the gradient of
 ``"mean"`` divide by a sum the device computes, and the backward reads the incoming gradient on
 the device: nothing synchronises.
@@ -769,9 +769,9 @@ cross_entropy = Op(
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,
-    # Under eager autograd the forward of float32 "mean" and "sum" is cross_entropy_with_grad: it writes
-    # the gradient for an incoming gradient of 1 (one read of the logits, one write), which the backward
-    # hands on. That of "none" and of 2-byte logits is cross_entropy_with_stats: each row's maximum and
+    # Under eager autograd the forward of "mean" and "sum" is cross_entropy_with_grad: it writes the
+    # gradient for an incoming gradient of 1 (one read of the logits, one write), which the backward
+    # hands on. That of "none" is cross_entropy_with_stats: each row's maximum and
     # log-sum are kept (8 bytes a row), so the backward reads a long row once instead of twice. A traced
     # call (the PyTorch operator) keeps only the inputs, and the backward recomputes from them. Eager
     # autograd of the reference never replaces a kernel forward: it keeps float32 probabilities the size

@@ -3,8 +3,8 @@ normalised shape (``n_cols`` elements).
 
 The single-block forward kernel runs ``ROWS`` rows per program, the looped one a row per program;
 the backward kernels one program per group of rows. All
-arithmetic is in float32, and no statistic suffers cancellation however large a row's offset from
-zero. The single-block kernels hold the row in registers: an estimate ``m0`` of the mean, then the
+arithmetic is in float32, and no statistic suffers cancellation from a row's offset from zero,
+however large. The single-block kernels hold the row in registers: an estimate ``m0`` of the mean, then the
 deviations ``d = x - m0`` (exact for x near m0), their mean ``shift`` and mean square; ``x - mean``
 is formed as ``d - shift``, never through a rounded mean. The looped kernels subtract ``k``, the
 mean of the row's first block: the forward keeps per lane the sums of ``x - k`` and of its square

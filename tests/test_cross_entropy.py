@@ -895,6 +895,42 @@ def test_forward_with_grad_matches_the_reference(
     assert bool((dx[[1]] == 0).all()), "an ignored row's gradient is 0"
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("op_name", ["cross_entropy_with_grad", "cross_entropy_backward"])
+def test_looped_gradient_of_bad_ignored_and_large_rows(
+    target: torch.device, op_name: str, label_smoothing: float
+) -> None:
+    """The looped gradient passes fold a bad row's NaN into its scale: its whole gradient is NaN (a target out of
+    range, where torch raises), an ignored row's is 0, and rows of logits near 1e4 (the exponent's base far from 0)
+    keep a gradient no further from float64 than torch's own, over whole blocks and a masked tail."""
+    n = 2500
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, n, generator=gen) * 3
+    logits[2] += 1e4
+    logits = logits.to(target)
+    labels = torch.tensor([5, IGNORE, 17, n + 3], device=target)
+    args = _args(logits, labels, None, label_smoothing, "sum")
+    op = cross_entropy_with_grad if op_name == "cross_entropy_with_grad" else cross_entropy_backward
+    looped = next(impl for impl in op.implementations if impl.name == "looped")
+    config = {"BLOCK_N": 1024, "num_warps": 4} | ({"NUM_STAGES": 3} if op is cross_entropy_with_grad else {})
+    values = args if op is cross_entropy_with_grad else (torch.ones((), device=target), *args)
+    dx = run_candidate(looped, config, values, interpret=target.type == "cpu", poison=True)
+    if op is cross_entropy_with_grad:
+        loss, dx = dx
+        assert bool(loss.isnan()), "a target out of range makes the reduced loss NaN"
+    assert bool(dx[3].isnan().all()), "a target out of range makes its row's gradient NaN"
+    assert bool((dx[1] == 0).all()), "an ignored row's gradient is 0"
+    good = torch.tensor([0, 1, 2], device=target)
+    grads = []
+    for dtype in (torch.float32, torch.float64):
+        x = logits[good].to(dtype).requires_grad_()
+        loss_ok = F.cross_entropy(
+            x, labels[good], ignore_index=IGNORE, label_smoothing=label_smoothing, reduction="sum"
+        )
+        grads.append(torch.autograd.grad(loss_ok, x)[0])
+    assert_no_worse(dx[good], grads[0], grads[1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize(("with_weight", "label_smoothing"), [(False, 0.0), (True, 0.1), (False, 0.2)])

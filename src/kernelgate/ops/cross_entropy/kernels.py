@@ -86,11 +86,11 @@ def _online_lse_exp2(m, b, s, x):
 
 
 @triton.jit
-def _log_sum_exp2(m, b, s):
-    """``log(sum(exp(x - m)))`` from the sums of :func:`_online_lse_exp2`: they are ``2**(m * log2(e) - b)``
-    times it, and an fma gives that exponent exactly (0 unless ``m`` is finite)."""
+def _log_sum_exp2(m, b, total):
+    """``log(sum(exp(x - m)))`` from the total of the sums of :func:`_online_lse_exp2`: it is
+    ``2**(m * log2(e) - b)`` times that, and an fma gives the exponent exactly (0 unless ``m`` is finite)."""
     residual = tl.where(tl.abs(m) < float("inf"), tl.fma(m, LOG2E, -b), 0.0)
-    return tl.log(tl.sum(s, axis=0)) - residual * LN2
+    return tl.log(total) - residual * LN2
 
 
 @triton.jit
@@ -132,9 +132,10 @@ def _streamed_sums(
     EVICTION: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EXP2: tl.constexpr,
 ):  # fmt: skip
     """The first ``n_read`` (0 or ``n_cols``) elements of a row streamed in blocks of BLOCK_N with an online
-    maximum (one exp per element): ``m``, ``log(sum(exp(x - m)))`` and, with HAS_SMOOTHING, the per-lane sums
-    of :func:`_smoothing_sums`. EVICTION: the cache policy of the row's loads. EXP2: the sums' form (module
-    docstring).
+    maximum (one exp per element): ``m``, ``log(sum(exp(x - m)))``, with HAS_SMOOTHING the per-lane sums of
+    :func:`_smoothing_sums`, and with EXP2 the sums' base ``b`` and the log2 of their total, from which
+    :func:`_store_dlogits_block` forms the softmax. EVICTION: the cache policy of the row's loads. EXP2: the
+    sums' form (module docstring).
 
     The whole blocks are read without a mask, the last partial one (if any) with one: the mask's compare and
     select per element cost the bf16 forward 5 to 13 % on the H200, where it is bound by instructions
@@ -157,8 +158,9 @@ def _streamed_sums(
             m, b, s, sum_w, sum_wx, x_row, n_whole + tl.arange(0, BLOCK_N), n_cols, pivot, weight_ptr, HAS_WEIGHT,
             HAS_SMOOTHING, EVICTION, True, EXP2,
         )  # fmt: skip
-    log_s = _log_sum_exp2(m, b, s) if EXP2 else tl.log(tl.sum(s, axis=0))
-    return m, log_s, sum_w, sum_wx
+    total = tl.sum(s, axis=0)
+    log_s = _log_sum_exp2(m, b, total) if EXP2 else tl.log(total)
+    return m, log_s, sum_w, sum_wx, b, tl.log2(total)
 
 
 @triton.jit
@@ -208,7 +210,7 @@ def _cross_entropy_fwd_kernel(
     ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
     x_row = x_ptr + row * stride_xm
     x_t, pivot = _target_logit(x_row, t_safe, valid)
-    m, log_s, sum_w, sum_wx = _streamed_sums(
+    m, log_s, sum_w, sum_wx, _, _ = _streamed_sums(
         x_row, weight_ptr, tl.where(valid, n_cols, 0), n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_first", BLOCK_N,
         NUM_STAGES, EXP2,
     )  # fmt: skip
@@ -272,44 +274,87 @@ def _cross_entropy_bwd_scale_kernel(
 
 
 @triton.jit
-def _dlogits(p, is_target, w_t, w, total_w, n_cols, label_smoothing, HAS_SMOOTHING: tl.constexpr):
-    """d loss / d x of one row per unit of its gradient: p * ((1 - eps) * w[t] + eps / C * W)
-    - (1 - eps) * w[t] * [c == t] - eps / C * w[c]; without smoothing p * w[t] - w[t] * [c == t]."""
+def _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING: tl.constexpr):
+    """The row's gradient ``g * d loss / d x`` as ``p * a - [c == t] * b - w[c] * c_w``, the scalars ``(a, b, c_w)``
+    with ``g`` folded in: ``d loss / d x = p * ((1 - eps) * w[t] + eps / C * W) - (1 - eps) * w[t] * [c == t]
+    - eps / C * w[c]``, without smoothing ``p * w[t] - w[t] * [c == t]``."""
     if HAS_SMOOTHING:
-        on_target = (1.0 - label_smoothing) * w_t
-        spread = label_smoothing / n_cols
-        d = p * (on_target + spread * total_w) - tl.where(is_target, on_target, 0.0) - spread * w
+        on_target = g * ((1.0 - label_smoothing) * w_t)
+        spread = g * (label_smoothing / n_cols)
+        a = on_target + spread * total_w
+        b = on_target
+        c_w = spread
     else:
-        d = p * w_t - tl.where(is_target, w_t, 0.0)
-    return d
+        a = g * w_t
+        b = a
+        c_w = 0.0
+    return a, b, c_w
 
 
 @triton.jit
 def _store_dlogits(
-    dx_ptr, p, cols, mask, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols, label_smoothing,
-    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    dx_ptr, p, cols, mask, weight_ptr, t_safe, a, b, c_w, keep, HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
-    """Store ``g * _dlogits(p)`` for the columns ``cols`` of a row at ``dx_ptr``: NaN for a bad row."""
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT and HAS_SMOOTHING else 1.0
-    dx = g * _dlogits(p, cols == t_safe, w_t, w, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
-    dx = tl.where(valid | ignored, dx, float("nan"))
-    tl.store(dx_ptr + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    """Store the gradient of :func:`_dlogits_scales` for the columns ``cols`` of a row at ``dx_ptr``, NaN unless
+    ``keep`` (a bad row); without MASKED every column is in the row and the store takes no mask.
+
+    The kernels that hold a row in registers pass ``keep`` (a select per element). Folding the NaN into ``a``
+    instead took split_rows' fused kernel from 64 to 82 registers a thread for float32 at BLOCK_N=4096 and 4
+    warps (8 programs a multiprocessor to 5; sm_90, Triton 3.6), and that configuration's tuned time at
+    2048x256000 from 1596 to 1952 us on an H100. The streamed gradient pass folds it
+    (:func:`_store_dlogits_looped`) and passes True."""
+    dx = p * a - tl.where(cols == t_safe, b, 0.0)
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            w = tl.load(weight_ptr + cols, mask=mask, other=0.0) if MASKED else tl.load(weight_ptr + cols)
+            dx -= c_w * w.to(tl.float32)
+        else:
+            dx -= c_w
+    dx = tl.where(keep, dx, float("nan"))
+    if MASKED:
+        tl.store(dx_ptr + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(dx_ptr + cols, dx.to(dx_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _store_dlogits_block(
+    x_row, dx_row, cols, n_cols, m, log_s, b_m, log2_s, weight_ptr, t_safe, a, b, c_w, HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, MASKED: tl.constexpr, EXP2: tl.constexpr,
+):  # fmt: skip
+    """The gradient of the columns ``cols`` of a row from its ``m`` and ``log(s)``; with EXP2 the softmax is
+    ``exp2(fma(x, log2(e), -b_m) - log2_s)``, ``b_m`` the base of the streamed sums and ``log2_s`` the log2 of
+    their total (:func:`_streamed_sums`): an fma, a subtraction and an ``ex2`` per element."""
+    mask = cols < n_cols
+    if MASKED:
+        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first")
+    else:
+        x = tl.load(x_row + cols, eviction_policy="evict_first")
+    x = x.to(tl.float32)
+    p = tl.exp2(tl.fma(x, LOG2E, -b_m) - log2_s) if EXP2 else tl.exp((x - m) - log_s)
+    _store_dlogits(dx_row, p, cols, mask, weight_ptr, t_safe, a, b, c_w, True, HAS_WEIGHT, HAS_SMOOTHING, MASKED)
 
 
 @triton.jit
 def _store_dlogits_looped(
-    x_row, dx_row, m, log_s, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols, label_smoothing,
-    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_row, dx_row, m, log_s, b_m, log2_s, weight_ptr, t_safe, a, b, c_w, keep, n_cols, HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, EXP2: tl.constexpr,
 ):  # fmt: skip
-    """The gradient of a row longer than one block, from its ``m`` and ``log(s)``: one more read of the row."""
-    for start in range(0, n_cols, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < n_cols
-        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
-        p = tl.exp((x - m) - log_s)
-        _store_dlogits(
-            dx_row, p, cols, mask, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols, label_smoothing,
-            HAS_WEIGHT, HAS_SMOOTHING,
+    """The gradient of a row longer than one block (:func:`_store_dlogits_block`): one more read of the row, the
+    whole blocks without a mask and NUM_STAGES of them in flight, as :func:`_streamed_sums` reads them. A bad
+    row's NaN (unless ``keep``) is folded into ``a``, so no block selects per element."""
+    a = tl.where(keep, a, float("nan"))
+    n_whole = n_cols // BLOCK_N * BLOCK_N
+    for start in tl.range(0, n_whole, BLOCK_N, num_stages=NUM_STAGES):
+        _store_dlogits_block(
+            x_row, dx_row, start + tl.arange(0, BLOCK_N), n_cols, m, log_s, b_m, log2_s, weight_ptr, t_safe, a, b, c_w,
+            HAS_WEIGHT, HAS_SMOOTHING, False, EXP2,
+        )  # fmt: skip
+    if n_whole < n_cols:
+        _store_dlogits_block(
+            x_row, dx_row, n_whole + tl.arange(0, BLOCK_N), n_cols, m, log_s, b_m, log2_s, weight_ptr, t_safe, a, b,
+            c_w, HAS_WEIGHT, HAS_SMOOTHING, True, EXP2,
         )  # fmt: skip
 
 
@@ -319,7 +364,8 @@ def _cross_entropy_bwd_kernel(
     ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, SKIP_UNIT: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """dx[m, :] = g[m] * _dlogits(softmax(x[m, :])) for a row that fits one block: read once, written once.
+    """dx[m, :] = g[m] * d loss / d x (:func:`_dlogits_scales`) for a row that fits one block: read once, written
+    once.
 
     grad_ptr: (n_rows,) ``stride_gm`` apart (0 for one value shared by every row: "sum", or the
     float32 scale of "mean"). x_ptr, dx_ptr: (n_rows, n_cols). target_ptr: (n_rows,) int64,
@@ -346,9 +392,10 @@ def _cross_entropy_bwd_kernel(
         total_w = tl.sum(tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32), axis=0)
     else:
         total_w = n_cols + 0.0
+    a, b, c_w = _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
     _store_dlogits(
-        dx_ptr + row * stride_dxm, p, cols, mask, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols,
-        label_smoothing, HAS_WEIGHT, HAS_SMOOTHING,
+        dx_ptr + row * stride_dxm, p, cols, mask, weight_ptr, t_safe, a, b, c_w, valid | ignored, HAS_WEIGHT,
+        HAS_SMOOTHING, True,
     )  # fmt: skip
 
 
@@ -395,9 +442,10 @@ def _cross_entropy_bwd_looped_kernel(
         total_w = tl.sum(sum_w, axis=0)
     else:
         total_w = n_cols + 0.0
+    a, b, c_w = _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
     _store_dlogits_looped(
-        x_row, dx_ptr + row * stride_dxm, m, log_s, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols,
-        label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, BLOCK_N,
+        x_row, dx_ptr + row * stride_dxm, m, log_s, m, log_s, weight_ptr, t_safe, a, b, c_w, valid | ignored, n_cols,
+        HAS_WEIGHT, HAS_SMOOTHING, BLOCK_N, 1, False,
     )  # fmt: skip
 
 
@@ -409,7 +457,7 @@ def _cross_entropy_fwd_grad_kernel(
     EXP2: tl.constexpr,
 ):  # fmt: skip
     """The row's loss, as :func:`_cross_entropy_fwd_kernel` writes it, and its gradient for an incoming gradient
-    of 1: ``dx[m, :] = g * _dlogits(softmax(x[m, :]))``.
+    of 1: ``dx[m, :] = g * d loss / d x`` (:func:`_dlogits_scales`).
 
     Pointers as in :func:`_cross_entropy_fwd_kernel` (without stats); dx_ptr: (n_rows, n_cols),
     contiguous. share_ptr: (1,) float32, ``g`` of every valid row for "mean" (1 / sum of the target
@@ -427,7 +475,7 @@ def _cross_entropy_fwd_grad_kernel(
     x_t, pivot = _target_logit(x_row, t_safe, valid)
     n_read = tl.where(valid | ignored, n_cols, 0)
     if LOOPED:
-        m, log_s, sum_w, sum_wx = _streamed_sums(
+        m, log_s, sum_w, sum_wx, b_m, log2_s = _streamed_sums(
             x_row, weight_ptr, n_read, n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_last", BLOCK_N, NUM_STAGES, EXP2
         )
     else:
@@ -444,16 +492,17 @@ def _cross_entropy_fwd_grad_kernel(
         n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
     )  # fmt: skip
     g = tl.where(valid, tl.load(share_ptr) if MEAN else 1.0, 0.0)
+    a, b, c_w = _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
     dx_row = dx_ptr + row * n_cols
     if LOOPED:
         _store_dlogits_looped(
-            x_row, dx_row, m, log_s, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols, label_smoothing,
-            HAS_WEIGHT, HAS_SMOOTHING, BLOCK_N,
+            x_row, dx_row, m, log_s, b_m, log2_s, weight_ptr, t_safe, a, b, c_w, valid | ignored, n_cols, HAS_WEIGHT,
+            HAS_SMOOTHING, BLOCK_N, NUM_STAGES, EXP2,
         )  # fmt: skip
     else:
         _store_dlogits(
-            dx_row, tl.exp((x - m) - log_s), cols, cols < n_cols, weight_ptr, g, t_safe, w_t, total_w, valid,
-            ignored, n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING,
+            dx_row, tl.exp((x - m) - log_s), cols, cols < n_cols, weight_ptr, t_safe, a, b, c_w, valid | ignored,
+            HAS_WEIGHT, HAS_SMOOTHING, True,
         )  # fmt: skip
 
 
@@ -515,9 +564,10 @@ def _cross_entropy_fwd_grad_split_kernel(
         w_t = _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT)
         total_w = tl.sum(w_parts, axis=0) if HAS_WEIGHT and HAS_SMOOTHING else n_cols + 0.0
         g = tl.where(valid, tl.load(share_ptr) if MEAN else 1.0, 0.0)
+        a, b, c_w = _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
         _store_dlogits(
-            dx_ptr + row * n_cols, tl.exp((x - m) - log_s), cols, in_row, weight_ptr, g, t_safe, w_t, total_w, valid,
-            ignored, n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING,
+            dx_ptr + row * n_cols, tl.exp((x - m) - log_s), cols, in_row, weight_ptr, t_safe, a, b, c_w,
+            valid | ignored, HAS_WEIGHT, HAS_SMOOTHING, True,
         )  # fmt: skip
 
 

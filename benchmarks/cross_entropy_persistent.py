@@ -38,6 +38,7 @@ from kernelgate.config import ConfigSpace
 from kernelgate.launch import LazyKernel, as_rows, launch
 from kernelgate.op import TritonImpl
 from kernelgate.ops.cross_entropy.kernels import (
+    _dlogits_scales,
     _row_target,
     _store_dlogits_looped,
     _store_row_loss,
@@ -64,7 +65,7 @@ def _fwd_grad_persistent_kernel(
         x_row = x_ptr + row * stride_xm
         x_t, pivot = _target_logit(x_row, t_safe, valid)
         n_read = tl.where(valid | ignored, n_cols, 0)
-        m, log_s, sum_w, sum_wx = _streamed_sums(
+        m, log_s, sum_w, sum_wx, b_m, log2_s = _streamed_sums(
             x_row, weight_ptr, n_read, n_cols, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_last", BLOCK_N, NUM_STAGES, EXP2
         )
         w_t, total_w = _store_row_loss(
@@ -72,9 +73,10 @@ def _fwd_grad_persistent_kernel(
             n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
         )  # fmt: skip
         g = tl.where(valid, tl.load(share_ptr) if MEAN else 1.0, 0.0)
+        a, b, c_w = _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
         _store_dlogits_looped(
-            x_row, dx_ptr + row * n_cols, m, log_s, weight_ptr, g, t_safe, w_t, total_w, valid, ignored, n_cols,
-            label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, BLOCK_N,
+            x_row, dx_ptr + row * n_cols, m, log_s, b_m, log2_s, weight_ptr, t_safe, a, b, c_w, valid | ignored, n_cols,
+            HAS_WEIGHT, HAS_SMOOTHING, BLOCK_N, NUM_STAGES, EXP2,
         )  # fmt: skip
 
 

@@ -683,8 +683,8 @@ def reset_incoming_gradient() -> None:
 # to 424 us against 426); since its streamed first pass reads whole blocks unmasked, staged, in the exp2
 # form, it does: on an H100 (benchmarks/results/h100/ce-fused-bf16-45176a5) kernelgate's step took 474
 # against 555 us at 8192x32000 (0.62 -> 0.73 of copy), 1038 against 1084 at 4096x128256 and 1072 against
-# 1090 at 2048x256000; back to back, 560 against 749 us a step in benchmarks/profile_case.py, but 904 against
-# 646 in the bench's host cost (the disagreement not explained).
+# 1090 at 2048x256000. Back to back the step is bound by that host (about 700 us a step on either path, rounds
+# spreading 30 to 50 %: benchmarks/results/h100/ce-back-to-back-b88d083), so the device time decides.
 FUSED_GRAD_MIN_BYTES = 2
 
 

@@ -1227,7 +1227,8 @@ def test_cross_entropy_kernels_forward_backward_use_the_forward_with_grad(
 ) -> None:
     """A triton:<name> forward+backward row of cross_entropy ("mean") runs that implementation of
     cross_entropy_with_grad and hands its gradient to the backward, as eager autograd does (without grad: no
-    recomputing backward runs); the row says so."""
+    recomputing backward runs); the row says so, and names the twin that formed its gradient. kernelgate's row names
+    the decision stored for cross_entropy_with_grad's bucket, which its step ran."""
     module = importlib.import_module("kernelgate.ops.cross_entropy")  # the package exports the op by that name
     recomputed: list[bool] = []
     real = module.cross_entropy_backward
@@ -1240,7 +1241,48 @@ def test_cross_entropy_kernels_forward_backward_use_the_forward_with_grad(
     direct = [r for r in rows if r.impl.startswith("triton:") and r.direction == "forward+backward"]
     assert direct and all(r.status == "ok" for r in direct), [(r.impl, r.status, r.note) for r in direct]
     assert all("its forward as cross_entropy_with_grad" in r.note for r in direct)
+    for r in direct:
+        assert f"; forward with the gradient ran: {r.impl.removeprefix('triton:')}[" in r.note, r.note
+    (ours,) = [r for r in rows if r.impl == "kernelgate" and r.direction == "forward+backward"]
+    assert re.search(r"; forward with the gradient ran: (reference|\w+\[)", ours.note), ours.note
+    assert "backward ran" not in ours.note, ours.note
     assert recomputed == [], "a triton row's backward recomputed the gradient its forward wrote"
+
+
+def test_cross_entropy_misses_state_the_looped_gradient_reads_the_logits_twice(
+    interpreted: list[bench.BenchRow],
+) -> None:
+    """cross_entropy's forward+backward counts the logits read once and the gradient written once (2*M*V*e); its
+    looped forward with the gradient reads them a second time, 3/2 of that, at most 0.67 of copy, which a miss
+    there states. split_rows holds the row and reads it once (no clause), and the forward alone, looped or not,
+    reads each row once."""
+    rows, vocab = 4096, 128256
+    minimal = 2 * rows * vocab * 2 + 8 * rows
+    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager")
+    eager = dataclasses.replace(
+        base, op="cross_entropy", dtype="bfloat16", shape=f"{rows}x{vocab}", rows=rows, row_length=vocab,
+        regime="bandwidth", direction="forward+backward", time_us=8860.0, host_us=math.nan, bytes=minimal,
+        frac_of_copy=0.08, note="",
+    )  # fmt: skip
+    ran = "; forward with the gradient ran: looped[BLOCK_N=8192,NUM_STAGES=3,num_warps=16]"
+    ours = dataclasses.replace(eager, impl="kernelgate", time_us=1049.0, frac_of_copy=0.658, note=f"auto: looped{ran}")
+    looped = dataclasses.replace(ours, impl="triton:looped", time_us=1071.0, frac_of_copy=0.645, note=f"looped{ran}")
+    (text,) = [t for t in bench.misses([eager, ours, looped]) if "bandwidth (target 0.80)" in t]
+    assert (
+        "its kernels stream rows twice (its looped forward with the gradient, M*V*e: the logits read again for the "
+        f"gradient), 1.50 times the bytes the formula counts: at most 0.67 of copy with every pass from memory, and "
+        f"it reaches {0.645 / (minimal / (minimal + rows * vocab * 2)):.2f} of that"
+    ) in text, text
+    split = "; forward with the gradient ran: split_rows[BLOCK_N=4096,num_warps=4]"
+    once = [dataclasses.replace(r, note=f"split_rows{split}") for r in (ours, looped)]
+    (text,) = [t for t in bench.misses([eager, *once]) if "bandwidth (target 0.80)" in t]
+    assert "stream rows twice" not in text, text
+    forward = [
+        dataclasses.replace(r, direction="forward", bytes=rows * vocab * 2 + 8 * rows, frac_of_copy=f, note=n)
+        for r, f, n in ((eager, 0.2, ""), (ours, 0.85, "auto: looped[BLOCK_N=4096]"), (looped, 0.85, "looped"))
+    ]
+    (text,) = [t for t in bench.misses(forward) if "bandwidth (target 0.90)" in t]
+    assert "stream rows twice" not in text, text
 
 
 def test_the_commit_is_marked_where_the_source_differs_from_it(monkeypatch: pytest.MonkeyPatch) -> None:

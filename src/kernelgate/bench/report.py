@@ -811,8 +811,9 @@ def _field_cause(by_impl: dict[str, BenchRow], floor: float) -> tuple[str, str]:
     )
 
 
-# The backward's decision a forward+backward row's note names (runner.BACKWARD_RAN): its implementation.
-_BACKWARD_RAN = re.compile(r"; backward ran: ([A-Za-z_]\w*)")
+# The kernels that formed a forward+backward row's gradient, as its note names them (runner.ran_note): their
+# implementation ("; backward ran: split[...]", cross_entropy's "; forward with the gradient ran: looped[...]").
+_GRADIENT_RAN = re.compile(r"; [a-z ]+ ran: ([A-Za-z_]\w*)")
 
 
 def _reread_clause(row: BenchRow, forward_implementation: str) -> str:
@@ -820,10 +821,12 @@ def _reread_clause(row: BenchRow, forward_implementation: str) -> str:
     the bound that sets: its bytes over the formula's, at most what fraction of copy with every pass from memory,
     and how much of that it reaches (or that part of the second pass came from L2); else ``""``.
 
-    A looped forward streams each row twice, and so does a backward that is not single-pass: the one the row's note
-    says ran (``"; backward ran: split[...]"``), or where the note does not say, one past a single block (the op's
-    spec says how many bytes more: :class:`kernelgate.bench.specs.Rereads`). At bf16 512x131072 rms_norm's forward
-    and backward move 8 row passes where the formula counts 5: at most 0.63 of copy.
+    A looped forward streams each row twice (where the op's does), and so does a backward that is not single-pass:
+    the one the row's note says ran (``"; backward ran: split[...]"``; cross_entropy's gradient is formed by its
+    forward with the gradient, ``"; forward with the gradient ran: looped[...]"``), or where the note does not say,
+    one past a single block (the op's spec says how many bytes more: :class:`kernelgate.bench.specs.Rereads`). At
+    bf16 512x131072 rms_norm's forward and backward move 8 row passes where the formula counts 5: at most 0.63 of
+    copy; cross_entropy's looped forward with the gradient moves 3 passes of the logits where the formula counts 2.
     """
     from kernelgate.bench.specs import spec_for
 
@@ -836,16 +839,21 @@ def _reread_clause(row: BenchRow, forward_implementation: str) -> str:
         return ""
     shape, size = tuple(int(d) for d in row.shape.split("x")), dtype.itemsize
     extra, parts = 0, []
-    if forward_implementation.endswith("looped"):
+    if rereads.forward is not None and forward_implementation.endswith("looped"):
         extra += rereads.forward.count(shape, size)
         parts.append(f"its {forward_implementation} forward, {rereads.forward.formula}")
-    backward = _BACKWARD_RAN.search(row.note) if row.direction == FORWARD_BACKWARD else None
+    backward = _GRADIENT_RAN.search(row.note) if row.direction == FORWARD_BACKWARD else None
     if backward is not None and backward.group(1) not in (*rereads.single_pass, "reference"):
         extra += rereads.backward.count(shape, size)
-        parts.append(f"its {backward.group(1)} backward, {rereads.backward.formula}")
-    elif backward is None and row.direction == FORWARD_BACKWARD and row.row_length > rereads.one_block:
+        parts.append(f"its {backward.group(1)} {rereads.gradient}, {rereads.backward.formula}")
+    elif (
+        backward is None
+        and row.direction == FORWARD_BACKWARD
+        and rereads.one_block is not None
+        and row.row_length > rereads.one_block
+    ):
         extra += rereads.backward.count(shape, size)
-        parts.append(f"its backward past one block of {rereads.one_block}, {rereads.backward.formula}")
+        parts.append(f"its {rereads.gradient} past one block of {rereads.one_block}, {rereads.backward.formula}")
     if not extra:
         return ""
     bound = row.bytes / (row.bytes + extra)

@@ -47,7 +47,7 @@ from kernelgate.bench.report import (
     print_table,
 )
 from kernelgate.bench.resources import describe, step_resources
-from kernelgate.bench.specs import SPECS, BenchSpec, bench_specs
+from kernelgate.bench.specs import SPECS, BenchSpec, Rereads, bench_specs
 from kernelgate.bench.suite import DTYPES, BenchError, Case, Suite, default_suite, load_suite
 from kernelgate.cache import decision_cache
 from kernelgate.config import Config
@@ -115,6 +115,9 @@ class _Impl:
     note: str = ""
     skip: str = ""  # a reason not to measure: the row is written as "skipped"
     setup_ms: float = 0.0  # spent before the first forward call (kernelgate: planning the bucket)
+    # A triton:* row whose forward+backward runs its implementation's twin of the Backward's forward op (which
+    # forms the gradient, as cross_entropy_with_grad): (that op, the twin's candidate label).
+    twin: tuple[str, str] | None = None
 
 
 def resolve_ops(names: Sequence[str] | None) -> list[BenchSpec]:
@@ -377,14 +380,17 @@ def _kernels_held(step: Callable[[], Any], device: torch.device) -> str:
         return f"; its kernels' resources not read: {type(err).__name__}: {err}"[:300]
 
 
-# What a forward+backward row's note says of the backward op's decision at its shape (report.py reads it).
-BACKWARD_RAN = "; backward ran: "
+def ran_note(rereads: Rereads, label: str) -> str:
+    """What a forward+backward row's note says of the kernels that formed its gradient (the report reads it):
+    ``"; backward ran: <label>"``, naming ``rereads.backward_op``'s kernels as ``rereads.gradient`` does."""
+    return f"; {rereads.gradient} ran: {label}"
 
 
 def _backward_ran(spec: BenchSpec, shape: tuple[int, ...], dtype: str, device: torch.device) -> str:
-    """``"; backward ran: <candidate>"``: the decision that tuning stored for the bucket of ``spec``'s backward op
-    (``Rereads.backward_op``) at ``shape``, read without tuning, on inputs of the op's own ``make_inputs``; ``""``
-    where the spec names none or the bucket holds no decision (a layout the real call does not share)."""
+    """``"; backward ran: <candidate>"`` (:func:`ran_note`): the decision that tuning stored for the bucket of
+    ``spec``'s backward op (``Rereads.backward_op``) at ``shape``, read without tuning, on inputs of the op's own
+    ``make_inputs``; ``""`` where the spec names none or the bucket holds no decision (a layout the real call does
+    not share)."""
     if spec.rereads is None:
         return ""
     try:
@@ -395,10 +401,18 @@ def _backward_ran(spec: BenchSpec, shape: tuple[int, ...], dtype: str, device: t
     except Exception:  # the row keeps its measurement without the note
         return ""
     if plan.reason is Reason.REFERENCE_FASTER:
-        return BACKWARD_RAN + "reference"
+        return ran_note(spec.rereads, "reference")
     if plan.reason not in (Reason.CACHED, Reason.TUNED) or plan.implementation is None:
         return ""
-    return BACKWARD_RAN + CandidateResult(plan.implementation.name, plan.config, "pass").label
+    return ran_note(spec.rereads, CandidateResult(plan.implementation.name, plan.config, "pass").label)
+
+
+def _twin_ran(spec: BenchSpec, impl: _Impl) -> str:
+    """:func:`ran_note` of the twin a ``triton:*`` row ran, where that twin's op forms the gradient
+    (``Rereads.backward_op``); else ``""``."""
+    if spec.rereads is None or impl.twin is None or impl.twin[0] != spec.rereads.backward_op:
+        return ""
+    return ran_note(spec.rereads, impl.twin[1])
 
 
 def _direct_launch(impl: TritonImpl, config: Config | None, interpret: bool) -> Callable[..., Any]:
@@ -429,6 +443,7 @@ def _triton_impl(
     if twin is not None and stats_op is not None:
         forward_with_extras = _direct_launch(twin, config, interpret)
         result.note += f"; forward+backward: its forward as {stats_op.name}"
+        result.twin = (stats_op.name, CandidateResult(twin.name, config, "pass").label)
 
     def make() -> Callable[[], Any]:
         outputs = output_tensors(launch(*args))
@@ -703,7 +718,10 @@ class _Runner:
                 ):
                     note += _kernels_held(steps[impl.name], device)
                 ours = impl.name == "kernelgate" or impl.name.startswith("triton:")
-                if backward_ran and ours and impl.name in steps:
+                twin_ran = _twin_ran(spec, impl) if direction == FORWARD_BACKWARD and regime == "bandwidth" else ""
+                if twin_ran and impl.name in steps:
+                    note += twin_ran  # its gradient came from the twin it ran, not from the op's decision
+                elif backward_ran and ours and impl.name in steps:
                     note += backward_ran
                 rows.append(
                     BenchRow(

@@ -44,19 +44,24 @@ class Rereads:
     """The bytes a row-wise op's kernels move beyond the minimal count where they stream each row twice.
 
     ``forward``: a forward implementation whose name ends in ``looped`` (a first pass for the row's statistics,
-    a second that writes). ``backward``: a backward implementation of ``backward_op`` other than one of
-    ``single_pass`` (the looped and split backwards read each row for its sums, then again for the gradient; the
-    single-block and split_rows ones hold a row's blocks in registers while they take its sums, and read it once);
-    where a row does not say which ran, a backward at rows longer than ``one_block``, which no single-block kernel
-    takes. The summary of ``kernelgate bench`` compares a miss with the bound these set at the copy rate, every
-    pass from memory.
+    a second that writes); ``None`` where a looped forward reads each row once. ``backward``: an implementation of
+    ``backward_op``, the op whose kernels form the gradient, other than one of ``single_pass`` (the looped and
+    split backwards read each row for its sums, then again for the gradient; the single-block and split_rows ones
+    hold a row's blocks in registers while they take its sums, and read it once); where a row does not say which
+    ran, one at rows longer than ``one_block``, which no single-block kernel takes (``None``: no guess, where a
+    single-pass kernel may take any length). ``gradient`` names
+    ``backward_op``'s kernels in a row's note and the summary: ``"backward"``, or cross_entropy's ``"forward with
+    the gradient"`` (under eager autograd its forward forms the gradient, reading a long row a second time in its
+    looped kernel). The summary of ``kernelgate bench`` compares a miss with the bound these set at the copy rate,
+    every pass from memory.
     """
 
-    forward: Bytes
+    forward: Bytes | None
     backward: Bytes
     backward_op: str
-    one_block: int = MAX_SINGLE_BLOCK
+    one_block: int | None = MAX_SINGLE_BLOCK
     single_pass: tuple[str, ...] = ("single_block", "split_rows")
+    gradient: str = "backward"
 
 
 def _rows_by_last(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -227,6 +232,17 @@ GATED_BYTES = (
 
 # --- cross entropy: shape (M, V), int64 targets -----------------------------------------------------
 
+# cross_entropy's looped forward streams a row once (an online log-sum-exp). Under eager autograd of a reduced
+# loss its forward forms the gradient (cross_entropy_with_grad): the looped kernel then reads the row again to
+# write it, where split_rows holds the row in registers and single_block holds it whole.
+CROSS_ENTROPY_REREADS = Rereads(
+    None,
+    Bytes("M*V*e: the logits read again for the gradient", lambda s, e: s[0] * s[1] * e),
+    "cross_entropy_with_grad",
+    one_block=None,  # split_rows reads a row of any length once
+    gradient="forward with the gradient",
+)
+
 
 def _cross_entropy_args(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
     rows, vocab = shape
@@ -361,6 +377,7 @@ SPECS: tuple[BenchSpec, ...] = (
             lambda s, e: 2 * s[0] * s[1] * e + 8 * s[0],
         ),
         liger=_liger_cross_entropy,
+        rereads=CROSS_ENTROPY_REREADS,
     ),
     BenchSpec(
         "rotary_embedding",

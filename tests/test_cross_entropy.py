@@ -902,7 +902,9 @@ def test_looped_gradient_of_bad_ignored_and_large_rows(
 ) -> None:
     """The looped gradient passes fold a bad row's NaN into its scale: its whole gradient is NaN (a target out of
     range, where torch raises), an ignored row's is 0, and rows of logits near 1e4 (the exponent's base far from 0)
-    keep a gradient no further from float64 than torch's own, over whole blocks and a masked tail."""
+    keep a gradient no further from float64 than torch's own, over whole blocks and a masked tail. (The backward's
+    NaN comes from the fold alone; the forward with the gradient reads nothing of a bad row, so its statistics are
+    NaN too, and its case checks the ignored and 1e4 rows.)"""
     n = 2500
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(4, n, generator=gen) * 3

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernelgate.ops.split_rows import leave_row, load_row_partials, split_row_block, wait_for_row
-from kernelgate.ops.tiles import LOG2E
+from kernelgate.ops.tiles import LOG2E, store_tile
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2)
 
@@ -294,10 +294,11 @@ def _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING: tl.
 @triton.jit
 def _store_dlogits(
     dx_ptr, p, cols, mask, weight_ptr, t_safe, a, b, c_w, keep, HAS_WEIGHT: tl.constexpr,
-    HAS_SMOOTHING: tl.constexpr, MASKED: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, MASKED: tl.constexpr, EVICTION: tl.constexpr,
 ):  # fmt: skip
     """Store the gradient of :func:`_dlogits_scales` for the columns ``cols`` of a row at ``dx_ptr``, NaN unless
-    ``keep`` (a bad row); without MASKED every column is in the row and the store takes no mask.
+    ``keep`` (a bad row); without MASKED every column is in the row and the store takes no mask. EVICTION: the
+    store's cache policy (:func:`~kernelgate.ops.tiles.store_tile`).
 
     The kernels that hold a row in registers pass ``keep`` (a select per element). Folding the NaN into ``a``
     instead took split_rows' fused kernel from 64 to 82 registers a thread for float32 at BLOCK_N=4096 and 4
@@ -312,10 +313,7 @@ def _store_dlogits(
         else:
             dx -= c_w
     dx = tl.where(keep, dx, float("nan"))
-    if MASKED:
-        tl.store(dx_ptr + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(dx_ptr + cols, dx.to(dx_ptr.dtype.element_ty))
+    store_tile(dx_ptr + cols, dx.to(dx_ptr.dtype.element_ty), mask, not MASKED, EVICTION)
 
 
 @triton.jit
@@ -333,7 +331,9 @@ def _store_dlogits_block(
         x = tl.load(x_row + cols, eviction_policy="evict_first")
     x = x.to(tl.float32)
     p = tl.exp2(tl.fma(x, LOG2E, -b_m) - log2_s) if EXP2 else tl.exp((x - m) - log_s)
-    _store_dlogits(dx_row, p, cols, mask, weight_ptr, t_safe, a, b, c_w, True, HAS_WEIGHT, HAS_SMOOTHING, MASKED)
+    _store_dlogits(
+        dx_row, p, cols, mask, weight_ptr, t_safe, a, b, c_w, True, HAS_WEIGHT, HAS_SMOOTHING, MASKED, "evict_first"
+    )
 
 
 @triton.jit
@@ -343,18 +343,24 @@ def _store_dlogits_looped(
 ):  # fmt: skip
     """The gradient of a row longer than one block (:func:`_store_dlogits_block`): one more read of the row, the
     whole blocks without a mask and NUM_STAGES of them in flight, as :func:`_streamed_sums` reads them. A bad
-    row's NaN (unless ``keep``) is folded into ``a``, so no block selects per element."""
+    row's NaN (unless ``keep``) is folded into ``a``, so no block selects per element.
+
+    The row is read back to front, the partial last block first: the blocks the first pass read last are the
+    likeliest still in L2. The gradient's stores ask L2 to drop their lines first, so they do not push out the
+    row's lines still to be read. Both together, on an H100, took the looped kernel's best tuned time at bf16
+    4096x128256 from 1060 to 999 us, float32 from 2080 to 1972 and bf16 8192x32000 from 415 to 404
+    (benchmarks/results/h100/ce-gradient-pass-order-8bada93)."""
     a = tl.where(keep, a, float("nan"))
-    n_whole = n_cols // BLOCK_N * BLOCK_N
-    for start in tl.range(0, n_whole, BLOCK_N, num_stages=NUM_STAGES):
+    n_blocks = n_cols // BLOCK_N
+    if n_blocks * BLOCK_N < n_cols:
         _store_dlogits_block(
-            x_row, dx_row, start + tl.arange(0, BLOCK_N), n_cols, m, log_s, b_m, log2_s, weight_ptr, t_safe, a, b, c_w,
-            HAS_WEIGHT, HAS_SMOOTHING, False, EXP2,
+            x_row, dx_row, n_blocks * BLOCK_N + tl.arange(0, BLOCK_N), n_cols, m, log_s, b_m, log2_s, weight_ptr,
+            t_safe, a, b, c_w, HAS_WEIGHT, HAS_SMOOTHING, True, EXP2,
         )  # fmt: skip
-    if n_whole < n_cols:
+    for i in tl.range(0, n_blocks, num_stages=NUM_STAGES):
         _store_dlogits_block(
-            x_row, dx_row, n_whole + tl.arange(0, BLOCK_N), n_cols, m, log_s, b_m, log2_s, weight_ptr, t_safe, a, b,
-            c_w, HAS_WEIGHT, HAS_SMOOTHING, True, EXP2,
+            x_row, dx_row, (n_blocks - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N), n_cols, m, log_s, b_m, log2_s,
+            weight_ptr, t_safe, a, b, c_w, HAS_WEIGHT, HAS_SMOOTHING, False, EXP2,
         )  # fmt: skip
 
 
@@ -395,7 +401,7 @@ def _cross_entropy_bwd_kernel(
     a, b, c_w = _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
     _store_dlogits(
         dx_ptr + row * stride_dxm, p, cols, mask, weight_ptr, t_safe, a, b, c_w, valid | ignored, HAS_WEIGHT,
-        HAS_SMOOTHING, True,
+        HAS_SMOOTHING, True, "",
     )  # fmt: skip
 
 
@@ -502,7 +508,7 @@ def _cross_entropy_fwd_grad_kernel(
     else:
         _store_dlogits(
             dx_row, tl.exp((x - m) - log_s), cols, cols < n_cols, weight_ptr, t_safe, a, b, c_w, valid | ignored,
-            HAS_WEIGHT, HAS_SMOOTHING, True,
+            HAS_WEIGHT, HAS_SMOOTHING, True, "",
         )  # fmt: skip
 
 
@@ -567,7 +573,7 @@ def _cross_entropy_fwd_grad_split_kernel(
         a, b, c_w = _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
         _store_dlogits(
             dx_ptr + row * n_cols, tl.exp((x - m) - log_s), cols, in_row, weight_ptr, t_safe, a, b, c_w,
-            valid | ignored, HAS_WEIGHT, HAS_SMOOTHING, True,
+            valid | ignored, HAS_WEIGHT, HAS_SMOOTHING, True, "",
         )  # fmt: skip
 
 

@@ -942,16 +942,47 @@ def test_split_rows_reads_a_row_over_programs_and_matches_the_reference(
 ) -> None:
     """split_rows, each row split over programs of BLOCK_N columns (10 and 3 of them here, the last one partial),
     gives the reference's loss and gradient, with ignored rows (gradient 0) and a target out of range (NaN)."""
-    shape = (5, 20000)
+    config = {"BLOCK_N": block, "num_warps": 4}
+    _check_split_implementation(target, "split_rows", config, 20000, with_weight, label_smoothing, reduction, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize(("with_weight", "label_smoothing"), [(False, 0.0), (True, 0.1), (False, 0.2)])
+def test_split_looped_streams_segments_of_a_row_and_matches_the_reference(
+    target: torch.device, with_weight: bool, label_smoothing: float, reduction: str, dtype: torch.dtype
+) -> None:
+    """split_looped, each row split over programs of a 16384-column segment streamed 4096 at a time (two whole
+    segments of four whole blocks, then 7232 columns: a whole block and a partial one), gives the reference's loss
+    and gradient, with ignored rows (gradient 0) and a target out of range (NaN). The target of row 0 lies in its
+    third segment."""
+    config = {"BLOCK_N": 16384, "STREAM_N": 4096, "num_warps": 4, "NUM_STAGES": 3}
+    _check_split_implementation(target, "split_looped", config, 40000, with_weight, label_smoothing, reduction, dtype)
+
+
+def _check_split_implementation(
+    target: torch.device,
+    name: str,
+    config: dict[str, int],
+    n_cols: int,
+    with_weight: bool,
+    label_smoothing: float,
+    reduction: str,
+    dtype: torch.dtype,
+) -> None:
+    """cross_entropy_with_grad's implementation ``name`` at ``config`` on 5 rows of ``n_cols``: row 1 ignored, row 3's
+    target out of range (NaN loss and gradient row, the other rows untouched), then the same rows with row 3 ignored
+    against the reference."""
+    shape = (5, n_cols)
     logits = _logits(shape, dtype, target)
     labels = _target(*shape, target, ignored=(1,))
+    labels[0] = n_cols - 3
     labels[3] = shape[1] + 5  # neither a class nor ignore_index
     weight = _weight(shape[1], target) if with_weight else None
     args = _args(logits, labels, weight, label_smoothing, reduction)
-    split_rows = next(impl for impl in cross_entropy_with_grad.implementations if impl.name == "split_rows")
-    config = {"BLOCK_N": block, "num_warps": 4}
-    assert split_rows.supports is not None and split_rows.supports(*args) is None
-    loss, dx = run_candidate(split_rows, config, args, interpret=target.type == "cpu", poison=True)
+    impl = next(impl for impl in cross_entropy_with_grad.implementations if impl.name == name)
+    assert impl.supports is not None and impl.supports(*args) is None
+    loss, dx = run_candidate(impl, config, args, interpret=target.type == "cpu", poison=True)
     # The reference with the bad row's target made ignored: that row's loss and gradient are NaN on the kernels.
     fine = labels.clone()
     fine[3] = IGNORE
@@ -966,7 +997,7 @@ def test_split_rows_reads_a_row_over_programs_and_matches_the_reference(
     assert_close(dx[keep], expected_dx[keep], reduction_length=length)  # the other rows' gradients are untouched
     assert bool((dx[[1]] == 0).all()), "an ignored row's gradient is 0"
     good = _args(logits, fine, weight, label_smoothing, reduction)
-    loss, dx = run_candidate(split_rows, config, good, interpret=target.type == "cpu", poison=True)
+    loss, dx = run_candidate(impl, config, good, interpret=target.type == "cpu", poison=True)
     assert_close(loss, expected_loss, reduction_length=length)
     assert_close(dx, expected_dx, reduction_length=length)
 
@@ -981,6 +1012,19 @@ def test_split_rows_leaves_rows_of_one_block_to_single_block() -> None:
     kept = [dict(c) for c in split_rows.configs if split_rows.prune(c, *long)]
     assert {"BLOCK_N": 16384, "num_warps": 16} in kept and {"BLOCK_N": 16384, "num_warps": 4} not in kept
     assert all(c["BLOCK_N"] < 20000 for c in kept)
+
+
+def test_split_looped_takes_two_byte_logits_of_rows_longer_than_a_segment() -> None:
+    """split_looped declines rows that fit one block, naming why, prunes segments as long as the row, and is tuned
+    for 2-byte logits only (in float32 split_rows was faster on the GPU)."""
+    split_looped = next(impl for impl in cross_entropy_with_grad.implementations if impl.name == "split_looped")
+    assert split_looped.supports is not None and split_looped.prune is not None
+    short = _args(torch.randn(4, 16384), torch.zeros(4, dtype=torch.int64), None, 0.0, "mean")
+    assert "fit one block" in str(split_looped.supports(*short))
+    long = _args(torch.randn(2, 20000), torch.zeros(2, dtype=torch.int64), None, 0.0, "mean")
+    kept = [dict(c) for c in split_looped.configs if split_looped.prune(c, *long)]
+    assert kept and all(c["BLOCK_N"] == 16384 for c in kept)
+    assert torch.float32 not in split_looped.dtypes and torch.bfloat16 in split_looped.dtypes
 
 
 def test_forward_with_grad_matches_torch_autograd_in_float64() -> None:

@@ -1,5 +1,5 @@
-"""benchmarks/cross_entropy_split_looped.py: cross_entropy_with_grad with each row split over programs that stream
-a segment of it twice."""
+"""benchmarks/cross_entropy_split_looped.py: cross_entropy_with_grad's split_looped implementation at a wider space of
+configurations."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ def split_looped_script(benchmark_script: Callable[[str], ModuleType]) -> Module
 def test_every_variant_matches_the_reference_interpreted(
     split_looped_script: ModuleType, tmp_path: Path, dtype: str
 ) -> None:
-    """Interpreted, at 5 rows of 2500 classes, the package's looped implementation and the variant match the
-    reference at every configuration that suits the row: the variant's segments of 2048 columns split a row in
-    two (the second 452 columns, a masked block only), streamed 1024 at a time (the first, two whole blocks)."""
+    """Interpreted, at 5 rows of 2500 classes, the package's looped implementation and the wide variant match the
+    reference at every configuration that suits the row: segments of 2048 columns split a row in two (the second
+    452 columns, a masked block only), streamed 1024 at a time (the first, two whole blocks) or 2048 (one)."""
     out = tmp_path / "split-looped.json"
     args = ["--interpret", "--shapes", "5x2500", "--dtype", dtype, "--out", str(out)]
     assert split_looped_script.main(args) == 0
@@ -40,8 +40,8 @@ def test_every_variant_matches_the_reference_interpreted(
     for r in case["results"]:
         assert r["matches_reference"] is True and "time_us" not in r, r
         by_variant.setdefault(r["variant"], []).append(r["config"])
-    assert set(by_variant) == {"looped", "split_looped"}
-    assert {(c["BLOCK_N"], c["STREAM_N"]) for c in by_variant["split_looped"]} == {(2048, 1024)}
+    assert set(by_variant) == {"looped", "split_looped_wide"}
+    assert {(c["BLOCK_N"], c["STREAM_N"]) for c in by_variant["split_looped_wide"]} == {(2048, 1024), (2048, 2048)}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -50,8 +50,8 @@ def test_the_variant_matches_the_reference_with_ignored_rows_weights_and_smoothi
     split_looped_script: ModuleType, dtype: torch.dtype, weighted: bool, label_smoothing: float, reduction: str
 ) -> None:
     """Rows whose target is ignored (their gradient 0, their loss left out of the mean), a target in the row's
-    last column and in its second segment, class weights and label smoothing: the variant's loss and gradient
-    match the reference's at every configuration, interpreted."""
+    last column and in its second segment, class weights and label smoothing: the wide variant's loss and
+    gradient match the reference's at every configuration, interpreted."""
     generator = torch.Generator().manual_seed(3)
     logits = (4 * torch.randn(6, 2500, generator=generator)).to(dtype)
     target = torch.tensor([3, IGNORE, 2499, 0, IGNORE, 2100])

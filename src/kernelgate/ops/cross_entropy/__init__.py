@@ -96,6 +96,7 @@ CROSS_ENTROPY_BWD_LOOPED = LazyKernel(_KERNELS, "_cross_entropy_bwd_looped_kerne
 CROSS_ENTROPY_BWD_SCALE = LazyKernel(_KERNELS, "_cross_entropy_bwd_scale_kernel")
 CROSS_ENTROPY_FWD_GRAD = LazyKernel(_KERNELS, "_cross_entropy_fwd_grad_kernel")
 CROSS_ENTROPY_FWD_GRAD_SPLIT = LazyKernel(_KERNELS, "_cross_entropy_fwd_grad_split_kernel")
+CROSS_ENTROPY_FWD_GRAD_SPLIT_LOOPED = LazyKernel(_KERNELS, "_cross_entropy_fwd_grad_split_looped_kernel")
 FMA_PROBE = LazyKernel(_KERNELS, "_cross_entropy_fma_probe_kernel")
 # Float logits (and weights) and the int64 targets.
 DTYPES = (*HALF_AND_FLOAT, torch.int64)
@@ -293,6 +294,61 @@ def _split_rows_impl() -> TritonImpl:
         default_config=SPLIT_ROWS_DEFAULT,
         dtypes=DTYPES,
     )
+
+
+def _forward_with_grad_split_looped(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cross_entropy_with_grad's ``split_looped`` launcher: each row split over programs of a BLOCK_N-column segment
+    that stream it twice and wait for each other between (_cross_entropy_fwd_grad_split_looped_kernel)."""
+    check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
+    rows = as_rows(logits, "logits")
+    rowwise.split_rows_count(logits.device, rows.n_cols, config["BLOCK_N"])  # checked before anything allocates
+    t, stride_t, w, loss, target_weight, share, dx = _with_grad_buffers(
+        rows, logits, target, weight, ignore_index, reduction
+    )
+    mean = reduction == "mean"
+    pointers = (rows.tensor, t, w, share, loss, target_weight, dx)
+    rowwise.launch_split_rows(
+        CROSS_ENTROPY_FWD_GRAD_SPLIT_LOOPED, rows, pointers, (rows.stride, stride_t),
+        (ignore_index, float(label_smoothing)), 4, config=config, HAS_WEIGHT=weight is not None,
+        HAS_SMOOTHING=label_smoothing > 0, MEAN=mean, WRITE_TARGET_WEIGHT=mean, STREAM_N=config["STREAM_N"],
+        NUM_STAGES=config["NUM_STAGES"], EXP2=_exp2_sums(),
+    )  # fmt: skip
+    return _reduce(loss, target_weight, logits, reduction), dx
+
+
+# split_looped: a program a segment of BLOCK_N columns, read STREAM_N at a time. The configurations timed on an H100
+# (benchmarks/results/h100/ce-split-looped-cc1334d): the fastest at bf16 128K and 256K classes took segments of
+# 16384, reads of 4096 and 8 warps; segments of 32768 were 13 to 15 % slower, of 65536 and 2048 slower still, reads
+# of 1024 14 to 17 %. 2-byte logits only: in float32 it was 36 % slower than split_rows at 4096x128256.
+SPLIT_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(16384, 32768), STREAM_N=(4096,), num_warps=(4, 8), NUM_STAGES=(3,))
+SPLIT_LOOPED_DEFAULT: Config = {"BLOCK_N": 16384, "STREAM_N": 4096, "num_warps": 8, "NUM_STAGES": 3}
+
+
+def _split_looped_impl() -> TritonImpl:
+    def supports(logits: torch.Tensor, *args: Any) -> str | None:
+        n = _n_cols(logits)
+        if n <= rowwise.MAX_SINGLE_BLOCK:
+            return f"rows of {n} fit one block (at most {rowwise.MAX_SINGLE_BLOCK}): single_block reads them once"
+        return None
+
+    def prune(config: Config, logits: torch.Tensor, *args: Any) -> bool:
+        return config["STREAM_N"] <= config["BLOCK_N"] < _n_cols(logits)
+
+    return TritonImpl(
+        "split_looped", _forward_with_grad_split_looped,
+        (CROSS_ENTROPY_BWD_SCALE, CROSS_ENTROPY_FWD_GRAD_SPLIT_LOOPED, CROSS_ENTROPY_REDUCE),
+        dtypes=(torch.float16, torch.bfloat16, torch.int64), supports=supports, configs=SPLIT_LOOPED_CONFIGS,
+        default_config=SPLIT_LOOPED_DEFAULT, prune=prune,
+    )  # fmt: skip
 
 
 def _forward_launchers(returns: str) -> tuple[Any, Any]:
@@ -579,6 +635,7 @@ cross_entropy_with_grad = Op(
             staged=True,
         ),
         _split_rows_impl(),
+        _split_looped_impl(),
     ),
     bucket=_bucket,
     reduction_length=_reduction_length,

@@ -513,6 +513,49 @@ def _cross_entropy_fwd_grad_kernel(
 
 
 @triton.jit
+def _store_split_partials(partial_row, part, m_part, s_part, sum_w, sum_wx, SPLIT_BLOCK: tl.constexpr):
+    """Store a program's partials of its row at ``partial_row`` (``4 * SPLIT_BLOCK`` float32 slots, see
+    :func:`_cross_entropy_fwd_grad_split_kernel`): its part's maximum, its sum of ``exp(x - max)``, and the
+    totals of its per-lane smoothing sums."""
+    tl.store(partial_row + part, m_part)
+    tl.store(partial_row + SPLIT_BLOCK + part, s_part)
+    tl.store(partial_row + 2 * SPLIT_BLOCK + part, tl.sum(sum_w, axis=0))
+    tl.store(partial_row + 3 * SPLIT_BLOCK + part, tl.sum(sum_wx, axis=0))
+
+
+@triton.jit
+def _split_row_loss_and_scales(
+    partial_row, arrived_ptr, loss_ptr, target_weight_ptr, share_ptr, weight_ptr, row, part, n_split, x_t, pivot,
+    t_safe, valid, ignored, n_cols, label_smoothing, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    MEAN: tl.constexpr, WRITE_TARGET_WEIGHT: tl.constexpr, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Once a row's programs have all stored their partials (:func:`_store_split_partials`): the row's ``m`` and
+    ``log(s)`` combined from them, its loss written by the row's first program, and the gradient's scalars
+    ``a``, ``b``, ``c_w`` (:func:`_dlogits_scales`) for this program's part. Counts the program out of the row
+    (``leave_row``) on a GPU (PHASE 0)."""
+    m_parts = load_row_partials(partial_row, 0, n_split, float("-inf"), SPLIT_BLOCK)
+    s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+    w_parts = load_row_partials(partial_row, 2, n_split, 0.0, SPLIT_BLOCK)
+    wx_parts = load_row_partials(partial_row, 3, n_split, 0.0, SPLIT_BLOCK)
+    if PHASE == 0:
+        leave_row(arrived_ptr, row, part, n_split)
+    m = tl.max(m_parts, axis=0)
+    # A part with nothing but -inf has a sum of 0 (its rescale would be NaN); a NaN part's stays NaN.
+    scale = tl.where(m_parts == float("-inf"), 0.0, tl.exp(m_parts - tl.where(m == float("-inf"), 0.0, m)))
+    log_s = tl.log(tl.sum(s_parts * scale, axis=0))
+    if part == 0:
+        _store_row_loss(
+            loss_ptr, target_weight_ptr, row, m, log_s, w_parts, wx_parts, x_t, pivot, weight_ptr, t_safe, valid,
+            ignored, n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
+        )  # fmt: skip
+    w_t = _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT)
+    total_w = tl.sum(w_parts, axis=0) if HAS_WEIGHT and HAS_SMOOTHING else n_cols + 0.0
+    g = tl.where(valid, tl.load(share_ptr) if MEAN else 1.0, 0.0)
+    a, b, c_w = _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
+    return m, log_s, a, b, c_w
+
+
+@triton.jit
 def _cross_entropy_fwd_grad_split_kernel(
     x_ptr, target_ptr, weight_ptr, share_ptr, loss_ptr, target_weight_ptr, dx_ptr, partial_ptr, arrived_ptr,
     stride_xm, stride_tm, n_cols, n_split, ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr,
@@ -545,35 +588,75 @@ def _cross_entropy_fwd_grad_split_kernel(
         sum_wx = tl.zeros([BLOCK_N], tl.float32)
         if HAS_SMOOTHING:
             sum_w, sum_wx = _smoothing_sums(sum_w, sum_wx, x, cols, in_row, pivot, weight_ptr, HAS_WEIGHT)
-        tl.store(partial_row + part, m_part)
-        tl.store(partial_row + SPLIT_BLOCK + part, s_part)
-        tl.store(partial_row + 2 * SPLIT_BLOCK + part, tl.sum(sum_w, axis=0))
-        tl.store(partial_row + 3 * SPLIT_BLOCK + part, tl.sum(sum_wx, axis=0))
+        _store_split_partials(partial_row, part, m_part, s_part, sum_w, sum_wx, SPLIT_BLOCK)
     if PHASE == 0:
         wait_for_row(arrived_ptr, row, n_split)
     if PHASE != 1:
-        m_parts = load_row_partials(partial_row, 0, n_split, float("-inf"), SPLIT_BLOCK)
-        s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
-        w_parts = load_row_partials(partial_row, 2, n_split, 0.0, SPLIT_BLOCK)
-        wx_parts = load_row_partials(partial_row, 3, n_split, 0.0, SPLIT_BLOCK)
-        if PHASE == 0:
-            leave_row(arrived_ptr, row, part, n_split)
-        m = tl.max(m_parts, axis=0)
-        # A block with nothing but -inf has a sum of 0 (its rescale would be NaN); a NaN block's stays NaN.
-        scale = tl.where(m_parts == float("-inf"), 0.0, tl.exp(m_parts - tl.where(m == float("-inf"), 0.0, m)))
-        log_s = tl.log(tl.sum(s_parts * scale, axis=0))
-        if part == 0:
-            _store_row_loss(
-                loss_ptr, target_weight_ptr, row, m, log_s, w_parts, wx_parts, x_t, pivot, weight_ptr, t_safe, valid,
-                ignored, n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, WRITE_TARGET_WEIGHT,
-            )  # fmt: skip
-        w_t = _target_weight(weight_ptr, t_safe, valid, HAS_WEIGHT)
-        total_w = tl.sum(w_parts, axis=0) if HAS_WEIGHT and HAS_SMOOTHING else n_cols + 0.0
-        g = tl.where(valid, tl.load(share_ptr) if MEAN else 1.0, 0.0)
-        a, b, c_w = _dlogits_scales(g, w_t, total_w, n_cols, label_smoothing, HAS_SMOOTHING)
+        m, log_s, a, b, c_w = _split_row_loss_and_scales(
+            partial_row, arrived_ptr, loss_ptr, target_weight_ptr, share_ptr, weight_ptr, row, part, n_split, x_t,
+            pivot, t_safe, valid, ignored, n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, MEAN,
+            WRITE_TARGET_WEIGHT, PHASE, SPLIT_BLOCK,
+        )  # fmt: skip
         _store_dlogits(
             dx_ptr + row * n_cols, tl.exp((x - m) - log_s), cols, in_row, weight_ptr, t_safe, a, b, c_w,
             valid | ignored, HAS_WEIGHT, HAS_SMOOTHING, True, "",
+        )  # fmt: skip
+
+
+@triton.jit
+def _cross_entropy_fwd_grad_split_looped_kernel(
+    x_ptr, target_ptr, weight_ptr, share_ptr, loss_ptr, target_weight_ptr, dx_ptr, partial_ptr, arrived_ptr,
+    stride_xm, stride_tm, n_cols, n_split, ignore_index, label_smoothing, HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr, MEAN: tl.constexpr, WRITE_TARGET_WEIGHT: tl.constexpr, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, STREAM_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    EXP2: tl.constexpr,
+):  # fmt: skip
+    """:func:`_cross_entropy_fwd_grad_split_kernel` (arguments, grid and waiting as its) with a segment of BLOCK_N
+    columns a program, streamed STREAM_N at a time (NUM_STAGES in flight), instead of a block held in registers:
+    the segment's partial sums from a first read (:func:`_streamed_sums`, asking L2 to keep it), the row's from
+    every program's once they have all arrived, then the segment's gradient from a second read, back to front
+    (:func:`_store_dlogits_looped`).
+
+    The looped kernel's second read of a row comes mostly from memory: a program a row, every row in flight
+    holds its whole length in L2 between the reads. Here only a segment a program is in flight between its two
+    reads, which L2 holds, and a program's wait for the row's sums is spread over a segment's read rather than a
+    block's. On an H100, bf16 4096x128256 took 884 us against looped's 981 and split_rows' 1010, 2048x256000 860
+    against 1040 and 1042; float32, whose split_rows kernel holds more of a row, it does not help
+    (benchmarks/results/h100/ce-split-looped-cc1334d)."""
+    pid = tl.program_id(0)
+    row = pid // n_split
+    part = pid % n_split
+    start = part * BLOCK_N
+    seg_len = tl.minimum(n_cols - start, BLOCK_N)
+    ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
+    x_row = x_ptr + row * stride_xm
+    x_t, pivot = _target_logit(x_row, t_safe, valid)
+    partial_row = partial_ptr + row * (4 * SPLIT_BLOCK)
+    if PHASE != 2:
+        n_read = tl.where(valid | ignored, seg_len, 0)
+        m_part, log_s_part, sum_w, sum_wx, _, _ = _streamed_sums(
+            x_row + start, weight_ptr + start, n_read, seg_len, pivot, HAS_WEIGHT, HAS_SMOOTHING, "evict_last",
+            STREAM_N, NUM_STAGES, EXP2,
+        )  # fmt: skip
+        # A segment of nothing but -inf, or not read (a bad row), sums to 0; a NaN in it makes its sum NaN.
+        s_part = tl.where(m_part == float("-inf"), 0.0, tl.exp(log_s_part))
+        _store_split_partials(partial_row, part, m_part, s_part, sum_w, sum_wx, SPLIT_BLOCK)
+    if PHASE == 0:
+        wait_for_row(arrived_ptr, row, n_split)
+    if PHASE != 1:
+        m, log_s, a, b, c_w = _split_row_loss_and_scales(
+            partial_row, arrived_ptr, loss_ptr, target_weight_ptr, share_ptr, weight_ptr, row, part, n_split, x_t,
+            pivot, t_safe, valid, ignored, n_cols, label_smoothing, HAS_WEIGHT, HAS_SMOOTHING, MEAN,
+            WRITE_TARGET_WEIGHT, PHASE, SPLIT_BLOCK,
+        )  # fmt: skip
+        # The exp2 form's base and log2 total of the row's m and log(s): exp(x - m - log(s)) is
+        # exp2(fma(x, log2(e), -b_m) - log2_s) with log2_s = log(s) * log2(e) + (m * log2(e) - b_m), the last term
+        # exact by an fma (as _log_sum_exp2 takes it).
+        b_m = _exponent_base(m)
+        log2_s = log_s * LOG2E + tl.where(tl.abs(m) < float("inf"), tl.fma(m, LOG2E, -b_m), 0.0)
+        _store_dlogits_looped(
+            x_row + start, dx_ptr + row * n_cols + start, m, log_s, b_m, log2_s, weight_ptr + start, t_safe - start,
+            a, b, c_w, valid | ignored, seg_len, HAS_WEIGHT, HAS_SMOOTHING, STREAM_N, NUM_STAGES, EXP2,
         )  # fmt: skip
 
 

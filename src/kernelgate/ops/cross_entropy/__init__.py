@@ -254,6 +254,34 @@ def _forward_with_grad(
     return _reduce(loss, target_weight, logits, reduction), dx
 
 
+def _forward_with_grad_over_programs(
+    kernel: LazyKernel,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    reduction: str,
+    config: Config,
+    **meta: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss and its gradient from ``kernel``, a fused forward that splits each row over programs which wait for
+    each other (``rowwise.launch_split_rows``), with ``meta`` its compile-time values beyond the common ones."""
+    check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
+    rows = as_rows(logits, "logits")
+    rowwise.split_rows_count(logits.device, rows.n_cols, config["BLOCK_N"])  # checked before anything allocates
+    t, stride_t, w, loss, target_weight, share, dx = _with_grad_buffers(
+        rows, logits, target, weight, ignore_index, reduction
+    )
+    mean = reduction == "mean"
+    pointers = (rows.tensor, t, w, share, loss, target_weight, dx)
+    rowwise.launch_split_rows(
+        kernel, rows, pointers, (rows.stride, stride_t), (ignore_index, float(label_smoothing)), 4, config=config,
+        HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, MEAN=mean, WRITE_TARGET_WEIGHT=mean, **meta,
+    )  # fmt: skip
+    return _reduce(loss, target_weight, logits, reduction), dx
+
+
 def _forward_with_grad_split(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -266,20 +294,9 @@ def _forward_with_grad_split(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cross_entropy_with_grad's ``split_rows`` launcher: each row split over programs of BLOCK_N columns that
     wait for each other (_cross_entropy_fwd_grad_split_kernel), so a row of any length is read once."""
-    check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
-    rows = as_rows(logits, "logits")
-    rowwise.split_rows_count(logits.device, rows.n_cols, config["BLOCK_N"])  # checked before anything allocates
-    t, stride_t, w, loss, target_weight, share, dx = _with_grad_buffers(
-        rows, logits, target, weight, ignore_index, reduction
+    return _forward_with_grad_over_programs(
+        CROSS_ENTROPY_FWD_GRAD_SPLIT, logits, target, weight, ignore_index, label_smoothing, reduction, config
     )
-    mean = reduction == "mean"
-    pointers = (rows.tensor, t, w, share, loss, target_weight, dx)
-    rowwise.launch_split_rows(
-        CROSS_ENTROPY_FWD_GRAD_SPLIT, rows, pointers, (rows.stride, stride_t), (ignore_index, float(label_smoothing)),
-        4, config=config, HAS_WEIGHT=weight is not None, HAS_SMOOTHING=label_smoothing > 0, MEAN=mean,
-        WRITE_TARGET_WEIGHT=mean,
-    )  # fmt: skip
-    return _reduce(loss, target_weight, logits, reduction), dx
 
 
 # split_rows (rowwise.split_rows_impl) holds a block of a row in each program's registers and is worth it only where
@@ -312,21 +329,10 @@ def _forward_with_grad_split_looped(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cross_entropy_with_grad's ``split_looped`` launcher: each row split over programs of a BLOCK_N-column segment
     that stream it twice and wait for each other between (_cross_entropy_fwd_grad_split_looped_kernel)."""
-    check_cross_entropy_inputs("cross_entropy", logits, target, reduction)
-    rows = as_rows(logits, "logits")
-    rowwise.split_rows_count(logits.device, rows.n_cols, config["BLOCK_N"])  # checked before anything allocates
-    t, stride_t, w, loss, target_weight, share, dx = _with_grad_buffers(
-        rows, logits, target, weight, ignore_index, reduction
-    )
-    mean = reduction == "mean"
-    pointers = (rows.tensor, t, w, share, loss, target_weight, dx)
-    rowwise.launch_split_rows(
-        CROSS_ENTROPY_FWD_GRAD_SPLIT_LOOPED, rows, pointers, (rows.stride, stride_t),
-        (ignore_index, float(label_smoothing)), 4, config=config, HAS_WEIGHT=weight is not None,
-        HAS_SMOOTHING=label_smoothing > 0, MEAN=mean, WRITE_TARGET_WEIGHT=mean, STREAM_N=config["STREAM_N"],
-        NUM_STAGES=config["NUM_STAGES"], EXP2=_exp2_sums(),
+    return _forward_with_grad_over_programs(
+        CROSS_ENTROPY_FWD_GRAD_SPLIT_LOOPED, logits, target, weight, ignore_index, label_smoothing, reduction, config,
+        STREAM_N=config["STREAM_N"], NUM_STAGES=config["NUM_STAGES"], EXP2=_exp2_sums(),
     )  # fmt: skip
-    return _reduce(loss, target_weight, logits, reduction), dx
 
 
 # split_looped: a program a segment of BLOCK_N columns, read STREAM_N at a time. The configurations timed on an H100

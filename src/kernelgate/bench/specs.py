@@ -234,7 +234,8 @@ GATED_BYTES = (
 
 # cross_entropy's looped forward streams a row once (an online log-sum-exp). Under eager autograd of a reduced
 # loss its forward forms the gradient (cross_entropy_with_grad): the looped kernel then reads the row again to
-# write it, where split_rows holds the row in registers and single_block holds it whole.
+# write it, and split_looped each segment (mostly from L2), where split_rows holds the row in registers and
+# single_block holds it whole.
 CROSS_ENTROPY_REREADS = Rereads(
     None,
     Bytes("M*V*e: the logits read again for the gradient", lambda s, e: s[0] * s[1] * e),

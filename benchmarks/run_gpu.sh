@@ -18,7 +18,7 @@
 #                                     BASE_SRC with `git archive BASE src | tar -x -C DIR` and pass DIR/src;
 #                                     TREE_SRC and TREE_COMMIT put another kernelgate's sources in this tree's place
 #   benchmarks/run_gpu.sh variants OUT benchmarks/$VARIANTS.py (default layer_norm_variants; split_rows_variants,
-#                                     cross_entropy_persistent, cross_entropy_split_looped, softmax_split_looped too)
+#                                     cross_entropy_persistent, cross_entropy_split_looped, split_looped_forwards too)
 #                                     with VARIANT_ARGS (e.g. "--op softmax --lengths 65536 131072")
 #   benchmarks/run_gpu.sh counters OUT Nsight Compute's counters (ncu) of benchmarks/run_kernel.py's second launch for
 #                                     each of CASES, space-separated op:shape:dtype:impl:config (the config's

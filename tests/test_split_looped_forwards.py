@@ -1,0 +1,89 @@
+"""benchmarks/split_looped_forwards.py: softmax's, log_softmax's and rms_norm's forwards with each row split over
+programs that stream a segment twice."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+import kernelgate
+from kernelgate.selection import run_candidate
+
+
+@pytest.fixture
+def forwards_script(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
+    pytest.importorskip("triton")
+    return benchmark_script("split_looped_forwards")
+
+
+def test_every_variant_matches_the_reference_interpreted(forwards_script: ModuleType, tmp_path: Path) -> None:
+    """Interpreted, for each op at 3 rows of 5000 (segments of 2048, the last 904 columns, masked) and of 4096 (two
+    whole segments, no masks), the package's long-row forwards and the variant match the reference at every
+    configuration that suits the row, in both dtypes."""
+    out = tmp_path / "split-looped.json"
+    args = ["--interpret", "--rows", "3", "--lengths", "5000", "4096", "--out", str(out)]
+    assert forwards_script.main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["copy_gbps"] is None and "kernelgate_commit" in result
+    cases = [(c["op"], c["dtype"], c["shape"][1]) for c in result["cases"]]
+    assert cases == [
+        (op, dtype, n) for op in ("softmax", "log_softmax", "rms_norm") for dtype in ("float32", "bfloat16")
+        for n in (5000, 4096)
+    ]  # fmt: skip
+    for case in result["cases"]:
+        assert all(r["matches_reference"] is True and "time_us" not in r for r in case["results"]), case
+        variant = [r["config"] for r in case["results"] if r["variant"] == "split_looped"]
+        assert sorted({(c["BLOCK_N"], c["STREAM_N"]) for c in variant}) == [(2048, 1024), (2048, 2048)], case
+
+
+@pytest.mark.parametrize("op_name", ["softmax", "log_softmax"])
+def test_a_segment_of_minus_infinity_and_a_nan_row_match_torch(forwards_script: ModuleType, op_name: str) -> None:
+    """A segment whose inputs are all -inf adds nothing to its row (exp of -inf is 0, its rescale not NaN); a row of
+    -inf and one holding a NaN are NaN throughout, as torch's are: every configuration, interpreted."""
+    x = 3 * torch.randn(4, 5000, generator=torch.Generator().manual_seed(4))
+    x[0, 2048:4096] = -float("inf")  # the second segment
+    x[1] = -float("inf")
+    x[2, 4500] = float("nan")  # in the last, partial segment
+    expected = getattr(torch, op_name)(x, -1)
+    variant = forwards_script.variants(op_name)[-1]
+    with kernelgate.use_interpreter():
+        for config in variant.candidate_configs((x, -1)):
+            y = run_candidate(variant, config, (x, -1), interpret=True, poison=True)
+            torch.testing.assert_close(y[[0, 3]], expected[[0, 3]])
+            assert bool(y[1].isnan().all() and y[2].isnan().all()), config
+
+
+def test_rms_norm_without_a_weight_matches_the_reference(forwards_script: ModuleType) -> None:
+    """rms_norm's variant without a weight (HAS_WEIGHT off) gives the reference's result at every configuration,
+    interpreted."""
+    x = 2 * torch.randn(3, 5000, generator=torch.Generator().manual_seed(5))
+    values = (x, None, 1e-6)
+    variant = forwards_script.variants("rms_norm")[-1]
+    with kernelgate.use_interpreter():
+        for config in variant.candidate_configs(values):
+            y = run_candidate(variant, config, values, interpret=True, poison=True)
+            torch.testing.assert_close(y, kernelgate.rms_norm.reference(*values))
+
+
+def test_a_wrong_variant_is_reported(
+    forwards_script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variant whose result is off by 1 % fails the check: the script returns 1 and records the mismatch."""
+    variant = forwards_script.variants("softmax")[-1]
+
+    def off(*args: object, config: object) -> object:
+        return variant.launcher(*args, config=config) * 1.01
+
+    wrong = dataclasses.replace(variant, name="wrong", launcher=off)
+    monkeypatch.setattr(forwards_script, "variants", lambda op_name: [wrong])
+    out = tmp_path / "split-looped.json"
+    args = ["--op", "softmax", "--interpret", "--rows", "2", "--lengths", "4100", "--dtype", "float32"]
+    assert forwards_script.main([*args, "--out", str(out)]) == 1
+    results = json.loads(out.read_text())["cases"][0]["results"]
+    assert results and all(r["matches_reference"] is False and "mismatch" in r for r in results)

@@ -1,16 +1,17 @@
-"""softmax's, log_softmax's and rms_norm's forwards with each row split over programs that stream a segment of it
-twice, against the package's long-row forwards.
+"""softmax's, log_softmax's, rms_norm's and layer_norm's forwards with each row split over programs that stream a
+segment of it twice, against the package's long-row forwards.
 
 cross_entropy_with_grad's ``split_looped`` (a row split over programs that each stream a segment twice, waiting for
 the row's sums between the reads) beat its looped and split_rows kernels by 10 and 17 % at bf16 rows of 128K and
 256K classes on an H100 (``benchmarks/results/h100/ce-split-looped-cc1334d/``): only a segment a program is in
 flight between its two reads, which L2 holds, and each wait is spread over a segment's read. These forwards have
 the same two choices, and misses at bf16 rows of 32768 to 131072 (softmax 0.78 to 0.88 of copy, log_softmax 0.77
-and 0.87, rms_norm 0.84 and 0.89 on an H100 at 3af2135). The variant here, ``split_looped``, is each forward in
-that form: a program takes a segment of BLOCK_N columns and streams it STREAM_N at a time for its partial sums
-(softmax's: the package's ``online_max_and_sum``; rms_norm's: the sum of squares), loaded with ``evict_last``;
-stores them as split_rows' programs do and waits for the row's others; then reads the segment again, back to
-front, to write its result.
+and 0.87, rms_norm 0.84 and 0.89, layer_norm 0.67 to 0.87 on an H100 at 3af2135). The variant here,
+``split_looped``, is each forward in that form: a program takes a segment of BLOCK_N columns and streams it
+STREAM_N at a time for its partial sums (softmax's: the package's ``online_max_and_sum``; rms_norm's: the sum of
+squares; layer_norm's: shifted sums, as its looped kernel's), loaded with ``evict_last``; stores them as
+split_rows' programs do and waits for the row's others; then reads the segment again, back to front, to write its
+result.
 
 For each op, dtype and row length (rows chosen so that x is about 128 MiB), the package's ``looped``,
 ``split_rows``, ``single_block`` and ``persistent_looped`` and the variant run at every configuration that suits
@@ -43,13 +44,15 @@ from kernelgate import rowwise
 from kernelgate.config import Config, ConfigSpace
 from kernelgate.launch import LazyKernel, as_rows
 from kernelgate.op import TritonImpl
+from kernelgate.ops.layer_norm.kernels import normalise_row
 from kernelgate.ops.softmax.kernels import online_max_and_sum
-from kernelgate.ops.split_rows import leave_row, load_row_partials, wait_for_row
+from kernelgate.ops.split_rows import leave_row, load_row_partials, split_row_pair, wait_for_row
 from kernelgate.ops.tiles import exp_below_max, load_tile, store_tile
 
 DEFAULT_LENGTHS = (32768, 65536, 131072)
 # The package module (kernelgate.rms_norm is the op object of the same name).
 rms_norm_module = importlib.import_module("kernelgate.ops.rms_norm")
+layer_norm_module = importlib.import_module("kernelgate.ops.layer_norm")
 
 
 @triton.jit
@@ -146,10 +149,69 @@ def _rms_norm_fwd_split_looped_kernel(
             store_tile(y_seg + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")
 
 
+@triton.jit
+def _layer_norm_fwd_split_looped_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, STREAM_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """layer_norm of rows split over ``n_split`` programs of a BLOCK_N-column segment each, streamed STREAM_N at a
+    time: the segment's mean and sum of squared deviations from a first read, the row's merged from every
+    program's once they have all stored theirs (Chan's update, as the package's split kernel merges its blocks),
+    then the segment's result from a second read, back to front (the package's ``normalise_row``).
+
+    The segment's sums are of ``d = x - k_s``, ``k_s`` the mean of its first STREAM_N columns, kept per lane as the
+    package's looped kernel keeps them (its docstring bounds their cancellation); its mean is stored as that of
+    ``x - k``, ``k`` the row's first element, as the split kernel's blocks store theirs. x_ptr, y_ptr: (n_rows,
+    n_cols); w_ptr, b_ptr: (n_cols,), read only if HAS_WEIGHT / HAS_BIAS. Grid: (n_rows * n_split,).
+    partial_ptr: (n_rows, 2 * SPLIT_BLOCK) float32; arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a
+    multiple of BLOCK_N (no masks; STREAM_N divides BLOCK_N)."""
+    pid = tl.program_id(0)
+    row = pid // n_split
+    part = pid % n_split
+    start = part * BLOCK_N
+    seg_len = tl.minimum(n_cols - start, BLOCK_N)
+    x_row = x_ptr + row * stride_xm
+    x_seg = x_row + start
+    k = tl.load(x_row).to(tl.float32)
+    partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
+    mean_part = tl.zeros([], tl.float32)
+    m2_part = tl.zeros([], tl.float32)
+    if PHASE != 2:
+        lanes = tl.arange(0, STREAM_N)
+        x = load_tile(x_seg + lanes, lanes < seg_len, 0.0, EVEN_N, "evict_last").to(tl.float32)
+        k_s = tl.sum(x, axis=0) / tl.minimum(seg_len, STREAM_N)
+        d = tl.where(lanes < seg_len, x - k_s, 0.0)
+        sum_d = d
+        sum_dd = d * d
+        for first in range(STREAM_N, seg_len, STREAM_N):
+            cols = first + lanes
+            x = load_tile(x_seg + cols, cols < seg_len, 0.0, EVEN_N, "evict_last").to(tl.float32)
+            d = x - k_s if EVEN_N else tl.where(cols < seg_len, x - k_s, 0.0)
+            sum_d += d
+            sum_dd += d * d
+        total_d = tl.sum(sum_d, axis=0)
+        centre = total_d / seg_len  # mean of the segment's x - k_s
+        mean_part = (k_s - k) + centre
+        m2_part = tl.maximum(tl.sum(sum_dd, axis=0) - total_d * centre, 0.0)
+    means, m2s = split_row_pair(mean_part, m2_part, partial_row, arrived_ptr, row, part, n_split, PHASE, SPLIT_BLOCK)
+    if PHASE != 1:
+        parts = tl.arange(0, SPLIT_BLOCK)
+        counts = tl.minimum(tl.maximum(n_cols - parts * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+        mean = tl.sum(counts * means, axis=0) / n_cols
+        spread = means - mean
+        var = (tl.sum(m2s, axis=0) + tl.sum(counts * spread * spread, axis=0)) / n_cols
+        normalise_row(
+            x_seg, w_ptr + start, b_ptr + start, y_ptr + row * stride_ym + start, seg_len, k, mean,
+            tl.rsqrt(var + eps), HAS_WEIGHT, HAS_BIAS, STREAM_N, EVEN_N,
+        )  # fmt: skip
+
+
 # By the module's importable name (not "__main__" when it runs as a script): the compile workers import it by name.
 SOFTMAX_SPLIT_LOOPED = LazyKernel(Path(__file__).stem, "_softmax_fwd_split_looped_kernel")
 RMS_NORM_SPLIT_LOOPED = LazyKernel(Path(__file__).stem, "_rms_norm_fwd_split_looped_kernel")
-OPS = ("softmax", "log_softmax", "rms_norm")
+LAYER_NORM_SPLIT_LOOPED = LazyKernel(Path(__file__).stem, "_layer_norm_fwd_split_looped_kernel")
+OPS = ("softmax", "log_softmax", "rms_norm", "layer_norm")
 EPS = 1e-6
 # BLOCK_N: a program's segment; STREAM_N: the columns it reads at a time. Segments of 2048 columns are for the
 # interpreter's small rows (a GPU times them too, as split_rows' smallest blocks).
@@ -179,9 +241,30 @@ def _launch_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = 
     return y
 
 
+def _launch_layer_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    config: Config,
+) -> torch.Tensor:
+    """layer_norm over the trailing ``normalized_shape``, with the package's operands."""
+    rows, pointers, y = layer_norm_module._forward_operands(x, normalized_shape, weight, bias)
+    rowwise.launch_split_rows(
+        LAYER_NORM_SPLIT_LOOPED, rows, pointers, (rows.stride, rows.n_cols), (float(eps),), 2, config=config,
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, STREAM_N=config["STREAM_N"],
+        EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
+    )  # fmt: skip
+    return y
+
+
 def _launcher(op_name: str) -> Callable[..., torch.Tensor]:
     if op_name == "rms_norm":
         return _launch_rms_norm
+    if op_name == "layer_norm":
+        return _launch_layer_norm
     log = op_name == "log_softmax"
 
     def launch_softmax(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
@@ -204,7 +287,9 @@ def _split_looped_variant(op_name: str) -> TritonImpl:
         return config["STREAM_N"] <= config["BLOCK_N"] < x.shape[-1] and per_thread >= 4
 
     split_rows = package_impl(getattr(kernelgate, op_name), "split_rows")
-    kernel = RMS_NORM_SPLIT_LOOPED if op_name == "rms_norm" else SOFTMAX_SPLIT_LOOPED
+    kernel = {"rms_norm": RMS_NORM_SPLIT_LOOPED, "layer_norm": LAYER_NORM_SPLIT_LOOPED}.get(
+        op_name, SOFTMAX_SPLIT_LOOPED
+    )
     return dataclasses.replace(
         split_rows,
         name="split_looped",
@@ -220,7 +305,8 @@ def _split_looped_variant(op_name: str) -> TritonImpl:
 def variants(op_name: str) -> list[TritonImpl]:
     """The package's long-row forwards of ``op_name``, and the split_looped variant."""
     op = getattr(kernelgate, op_name)
-    names = ("looped", "split_rows", "single_block", "persistent_looped")
+    names = [impl.name for impl in op.implementations if impl.name in ("looped", "split_rows", "single_block",
+                                                                        "persistent_looped")]  # fmt: skip
     return [package_impl(op, name) for name in names] + [_split_looped_variant(op_name)]
 
 
@@ -234,6 +320,10 @@ def measure_case(
     if op_name == "rms_norm":
         w = (torch.rand(n, generator=gen) + 0.5).to(device=device, dtype=dtype)
         values: tuple[Any, ...] = (x, w, EPS)
+    elif op_name == "layer_norm":
+        w = (torch.rand(n, generator=gen) + 0.5).to(device=device, dtype=dtype)
+        b = torch.randn(n, generator=gen).to(device=device, dtype=dtype)
+        values = (x + 2.0, (n,), w, b, EPS)
     else:
         values = (x, -1)
     nbytes = 2 * rows * n * x.element_size()
@@ -243,7 +333,7 @@ def measure_case(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argument_parser(__doc__, DEFAULT_LENGTHS)
-    parser.add_argument("--op", action="append", choices=OPS, help="the ops to measure (default: all three)")
+    parser.add_argument("--op", action="append", choices=OPS, help="the ops to measure (default: all)")
     args = parser.parse_args(argv)
     groups = [({"op": name}, functools.partial(measure_case, name)) for name in args.op or OPS]
     return run_cases(args, Path(__file__).name, groups)

@@ -1,5 +1,5 @@
-"""benchmarks/split_looped_forwards.py: softmax's, log_softmax's and rms_norm's forwards with each row split over
-programs that stream a segment twice."""
+"""benchmarks/split_looped_forwards.py: softmax's, log_softmax's, rms_norm's and layer_norm's forwards with each row
+split over programs that stream a segment twice."""
 
 from __future__ import annotations
 
@@ -23,11 +23,12 @@ def forwards_script(benchmark_script: Callable[[str], ModuleType]) -> ModuleType
 
 
 def test_every_variant_matches_the_reference_interpreted(forwards_script: ModuleType, tmp_path: Path) -> None:
-    """Interpreted, for each op at 3 rows of 5000 (segments of 2048, the last 904 columns, masked) and of 4096 (two
-    whole segments, no masks), the package's long-row forwards and the variant match the reference at every
-    configuration that suits the row, in both dtypes."""
+    """Interpreted, for softmax, log_softmax and rms_norm at 3 rows of 5000 (segments of 2048, the last 904
+    columns, masked) and of 4096 (two whole segments, no masks), the package's long-row forwards and the variant
+    match the reference at every configuration that suits the row, in both dtypes."""
     out = tmp_path / "split-looped.json"
-    args = ["--interpret", "--rows", "3", "--lengths", "5000", "4096", "--out", str(out)]
+    ops = ["--op", "softmax", "--op", "log_softmax", "--op", "rms_norm"]
+    args = [*ops, "--interpret", "--rows", "3", "--lengths", "5000", "4096", "--out", str(out)]
     assert forwards_script.main(args) == 0
     result = json.loads(out.read_text())
     assert result["copy_gbps"] is None and "kernelgate_commit" in result
@@ -69,6 +70,26 @@ def test_rms_norm_without_a_weight_matches_the_reference(forwards_script: Module
         for config in variant.candidate_configs(values):
             y = run_candidate(variant, config, values, interpret=True, poison=True)
             torch.testing.assert_close(y, kernelgate.rms_norm.reference(*values))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_matches_the_reference_with_segments_far_from_the_first_element(
+    forwards_script: ModuleType, dtype: torch.dtype
+) -> None:
+    """layer_norm's variant, rows of 5000 in segments of 2048: a row near 0 but for a second segment near 1e4 (its
+    mean far from the row's first element, the reference of the stored means) and a row of 1e4 plus unit noise,
+    with weight and bias, match the reference at every configuration, interpreted."""
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 5000, generator=generator)
+    x[0, 2048:4096] += 1e4
+    x[1] += 1e4
+    w = torch.rand(5000, generator=generator) + 0.5
+    b = torch.randn(5000, generator=generator)
+    values = (x.to(dtype), (5000,), w.to(dtype), b.to(dtype), 1e-5)
+    variant = forwards_script.variants("layer_norm")[-1]
+    with kernelgate.use_interpreter():
+        results = forwards_script.check_and_time(kernelgate.layer_norm, [variant], values, 5000, 0, True)
+    assert results and all(r["matches_reference"] is True for r in results), results
 
 
 def test_a_wrong_variant_is_reported(

@@ -946,7 +946,7 @@ def test_split_rows_reads_a_row_over_programs_and_matches_the_reference(
     _check_split_implementation(target, "split_rows", config, 20000, with_weight, label_smoothing, reduction, dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize(("with_weight", "label_smoothing"), [(False, 0.0), (True, 0.1), (False, 0.2)])
 def test_split_looped_streams_segments_of_a_row_and_matches_the_reference(
@@ -1015,16 +1015,21 @@ def test_split_rows_leaves_rows_of_one_block_to_single_block() -> None:
 
 
 def test_split_looped_takes_two_byte_logits_of_rows_longer_than_a_segment() -> None:
-    """split_looped declines rows that fit one block, naming why, prunes segments as long as the row, and is tuned
-    for 2-byte logits only (in float32 split_rows was faster on the GPU)."""
+    """split_looped declines rows that fit one block and float32 logits (split_rows was faster there on the GPU),
+    naming why; it takes bf16 logits with a float32 weight, and prunes segments as long as the row."""
     split_looped = next(impl for impl in cross_entropy_with_grad.implementations if impl.name == "split_looped")
     assert split_looped.supports is not None and split_looped.prune is not None
-    short = _args(torch.randn(4, 16384), torch.zeros(4, dtype=torch.int64), None, 0.0, "mean")
+    labels = torch.zeros(2, dtype=torch.int64)
+    short = _args(torch.randn(2, 16384, dtype=torch.bfloat16), labels, None, 0.0, "mean")
     assert "fit one block" in str(split_looped.supports(*short))
-    long = _args(torch.randn(2, 20000), torch.zeros(2, dtype=torch.int64), None, 0.0, "mean")
+    wide = _args(torch.randn(2, 20000), labels, None, 0.0, "mean")
+    assert "torch.float32 logits: split_rows" in str(split_looped.supports(*wide))
+    long = _args(torch.randn(2, 20000, dtype=torch.bfloat16), labels, torch.rand(20000) + 0.5, 0.0, "mean")
+    assert split_looped.supports(*long) is None
+    tensors = [v for v in long if isinstance(v, torch.Tensor)]
+    assert cross_entropy_with_grad._refusal(split_looped, long, tensors) is None, "the float32 weight is no refusal"
     kept = [dict(c) for c in split_looped.configs if split_looped.prune(c, *long)]
     assert kept and all(c["BLOCK_N"] == 16384 for c in kept)
-    assert torch.float32 not in split_looped.dtypes and torch.bfloat16 in split_looped.dtypes
 
 
 def test_forward_with_grad_matches_torch_autograd_in_float64() -> None:

@@ -348,6 +348,8 @@ def _split_looped_impl() -> TritonImpl:
         n = _n_cols(logits)
         if n <= rowwise.MAX_SINGLE_BLOCK:
             return f"rows of {n} fit one block (at most {rowwise.MAX_SINGLE_BLOCK}): single_block reads them once"
+        if logits.dtype.itemsize != 2:  # the logits', not the weight's (a float32 weight with bf16 logits is fine)
+            return f"{logits.dtype} logits: split_rows, holding more bytes of a row a program, is faster there"
         return None
 
     def prune(config: Config, logits: torch.Tensor, *args: Any) -> bool:
@@ -356,7 +358,7 @@ def _split_looped_impl() -> TritonImpl:
     return TritonImpl(
         "split_looped", _forward_with_grad_split_looped,
         (CROSS_ENTROPY_BWD_SCALE, CROSS_ENTROPY_FWD_GRAD_SPLIT_LOOPED, CROSS_ENTROPY_REDUCE),
-        dtypes=(torch.float16, torch.bfloat16, torch.int64), supports=supports, configs=SPLIT_LOOPED_CONFIGS,
+        dtypes=DTYPES, supports=supports, configs=SPLIT_LOOPED_CONFIGS,
         default_config=SPLIT_LOOPED_DEFAULT, prune=prune,
     )  # fmt: skip
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from variant_scripts import check_a_wrong_variant_is_reported
 
 
 @pytest.fixture
@@ -43,20 +44,11 @@ def test_a_wrong_variant_is_reported(
     persistent_script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A variant whose gradient is off by 1 % fails the check: the script returns 1 and records the mismatch."""
-    variant = persistent_script.variants()[-1]
-
-    def off(*args: object, config: object) -> object:
-        loss, dx = variant.launcher(*args, config=config)
-        return loss, dx * 1.01
-
-    monkeypatch.setattr(
-        persistent_script, "variants", lambda: [dataclasses.replace(variant, name="wrong", launcher=off)]
-    )
-    out = tmp_path / "persistent.json"
-    args = ["--interpret", "--shapes", "3x2100", "--dtype", "float32", "--out", str(out)]
-    assert persistent_script.main(args) == 1
-    results = json.loads(out.read_text())["cases"][0]["results"]
-    assert results and all(r["matches_reference"] is False and "mismatch" in r for r in results)
+    args = ["--interpret", "--shapes", "3x2100", "--dtype", "float32"]
+    check_a_wrong_variant_is_reported(
+        persistent_script, persistent_script.variants()[-1], lambda r: (r[0], r[1] * 1.01), args,
+        tmp_path / "persistent.json", monkeypatch,
+    )  # fmt: skip
 
 
 def test_a_malformed_shape_is_refused_with_the_form_expected(

@@ -3,7 +3,6 @@ configurations."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 import kernelgate
+from variant_scripts import check_a_wrong_variant_is_reported
 
 IGNORE = -100
 
@@ -69,17 +69,8 @@ def test_a_wrong_gradient_is_reported(
     split_looped_script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A variant whose gradient is off by 1 % fails the check: the script returns 1 and records the mismatch."""
-    variant = split_looped_script.variants()[-1]
-
-    def off(*args: object, config: object) -> object:
-        loss, dx = variant.launcher(*args, config=config)
-        return loss, dx * 1.01
-
-    monkeypatch.setattr(
-        split_looped_script, "variants", lambda: [dataclasses.replace(variant, name="wrong", launcher=off)]
-    )
-    out = tmp_path / "split-looped.json"
-    args = ["--interpret", "--shapes", "3x2100", "--dtype", "float32", "--out", str(out)]
-    assert split_looped_script.main(args) == 1
-    results = json.loads(out.read_text())["cases"][0]["results"]
-    assert results and all(r["matches_reference"] is False and "mismatch" in r for r in results)
+    args = ["--interpret", "--shapes", "3x2100", "--dtype", "float32"]
+    check_a_wrong_variant_is_reported(
+        split_looped_script, split_looped_script.variants()[-1], lambda r: (r[0], r[1] * 1.01), args,
+        tmp_path / "split-looped.json", monkeypatch,
+    )  # fmt: skip

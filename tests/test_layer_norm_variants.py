@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ import kernelgate
 from kernelgate.compile_ahead import compile_ahead
 from kernelgate.selection import run_candidate
 from kernelgate.tolerance import assert_close, assert_no_worse
+from variant_scripts import check_a_wrong_variant_is_reported
 
 SMALL_BLOCK = {"BLOCK_N": 1024, "num_warps": 4, "PREFETCH": 0}
 
@@ -52,16 +52,11 @@ def test_a_wrong_variant_is_reported(
     variants_script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A variant whose output is off by 1 % fails the check: the script returns 1 and records the mismatch."""
-    looped = variants_script.variants()[0]
-    wrong = dataclasses.replace(
-        looped, name="wrong", launcher=lambda *a, config: looped.launcher(*a, config=config) * 1.01
-    )
-    monkeypatch.setattr(variants_script, "variants", lambda: [wrong])
-    out = tmp_path / "variants.json"
-    args = ["--interpret", "--rows", "2", "--lengths", "1100", "--dtype", "float32", "--out", str(out)]
-    assert variants_script.main(args) == 1
-    results = json.loads(out.read_text())["cases"][0]["results"]
-    assert results and all(r["matches_reference"] is False and "mismatch" in r for r in results)
+    args = ["--interpret", "--rows", "2", "--lengths", "1100", "--dtype", "float32"]
+    check_a_wrong_variant_is_reported(
+        variants_script, variants_script.variants()[0], lambda y: y * 1.01, args, tmp_path / "variants.json",
+        monkeypatch,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

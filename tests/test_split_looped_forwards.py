@@ -3,7 +3,6 @@ split over programs that stream a segment twice."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 import kernelgate
 from kernelgate.selection import run_candidate
+from variant_scripts import check_a_wrong_variant_is_reported
 
 
 @pytest.fixture
@@ -96,15 +96,8 @@ def test_a_wrong_variant_is_reported(
     forwards_script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A variant whose result is off by 1 % fails the check: the script returns 1 and records the mismatch."""
-    variant = forwards_script.variants("softmax")[-1]
-
-    def off(*args: object, config: object) -> object:
-        return variant.launcher(*args, config=config) * 1.01
-
-    wrong = dataclasses.replace(variant, name="wrong", launcher=off)
-    monkeypatch.setattr(forwards_script, "variants", lambda op_name: [wrong])
-    out = tmp_path / "split-looped.json"
     args = ["--op", "softmax", "--interpret", "--rows", "2", "--lengths", "4100", "--dtype", "float32"]
-    assert forwards_script.main([*args, "--out", str(out)]) == 1
-    results = json.loads(out.read_text())["cases"][0]["results"]
-    assert results and all(r["matches_reference"] is False and "mismatch" in r for r in results)
+    check_a_wrong_variant_is_reported(
+        forwards_script, forwards_script.variants("softmax")[-1], lambda y: y * 1.01, args,
+        tmp_path / "split-looped.json", monkeypatch,
+    )  # fmt: skip

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernelgate.ops.split_rows import leave_row, load_row_partials, split_row_block, wait_for_row
-from kernelgate.ops.tiles import LOG2E, store_tile
+from kernelgate.ops.tiles import LOG2E, load_tile, store_tile
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2)
 
@@ -112,11 +112,7 @@ def _streamed_block(
 ):  # fmt: skip
     """The columns ``cols`` of a row added to the sums of :func:`_streamed_sums`; without MASKED every column
     is in the row and the load takes no mask."""
-    if MASKED:
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf"), eviction_policy=EVICTION)
-    else:
-        x = tl.load(x_row + cols, eviction_policy=EVICTION)
-    x = x.to(tl.float32)
+    x = load_tile(x_row + cols, cols < n_cols, float("-inf"), not MASKED, EVICTION).to(tl.float32)
     if EXP2:
         m, b, s = _online_lse_exp2(m, b, s, x)
     else:
@@ -308,7 +304,7 @@ def _store_dlogits(
     dx = p * a - tl.where(cols == t_safe, b, 0.0)
     if HAS_SMOOTHING:
         if HAS_WEIGHT:
-            w = tl.load(weight_ptr + cols, mask=mask, other=0.0) if MASKED else tl.load(weight_ptr + cols)
+            w = load_tile(weight_ptr + cols, mask, 0.0, not MASKED, "")
             dx -= c_w * w.to(tl.float32)
         else:
             dx -= c_w
@@ -325,11 +321,7 @@ def _store_dlogits_block(
     ``exp2(fma(x, log2(e), -b_m) - log2_s)``, ``b_m`` the base of the streamed sums and ``log2_s`` the log2 of
     their total (:func:`_streamed_sums`): an fma, a subtraction and an ``ex2`` per element."""
     mask = cols < n_cols
-    if MASKED:
-        x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first")
-    else:
-        x = tl.load(x_row + cols, eviction_policy="evict_first")
-    x = x.to(tl.float32)
+    x = load_tile(x_row + cols, mask, float("-inf"), not MASKED, "evict_first").to(tl.float32)
     p = tl.exp2(tl.fma(x, LOG2E, -b_m) - log2_s) if EXP2 else tl.exp((x - m) - log_s)
     _store_dlogits(
         dx_row, p, cols, mask, weight_ptr, t_safe, a, b, c_w, True, HAS_WEIGHT, HAS_SMOOTHING, MASKED, "evict_first"

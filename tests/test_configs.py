@@ -18,6 +18,7 @@ from kernelgate.rowwise import (
     MAX_SINGLE_BLOCK,
     MAX_SINGLE_BLOCK_ALONG_BACKWARD,
     MAX_SINGLE_BLOCK_FORWARD,
+    SPLIT_LOOPED_ABOVE,
     SPLIT_MIN_COLS,
     persistent_looped_programs,
 )
@@ -53,14 +54,19 @@ SPLIT_ROWS = {
 }  # fmt: skip
 # Backwards with a split_rows implementation from SPLIT_MIN_COLS on (groups of a row's programs looping over rows).
 SPLIT_ROWS_BACKWARD = {"rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward"}
+# Forwards with a split_looped implementation too (2-byte rows longer than SPLIT_LOOPED_ABOVE).
+SPLIT_LOOPED = {"softmax", "log_softmax", "layer_norm"}
 
 
-def _expected_implementations(op: kernelgate.Op, n_cols: int) -> set[str]:
+def _expected_implementations(op: kernelgate.Op, n_cols: int, dtype: torch.dtype = torch.float32) -> set[str]:
     """single_block up to its limit (forwards go furthest, then softmax's and log_softmax's backwards, then the norms'
     backwards), and persistent beside it where the op has one; looped once a row exceeds 512 (its smallest block is
     1024, and no block may be longer than the row rounded up to a power of two); split beside looped from
     SPLIT_MIN_COLS on, where the backward has one; split_rows beyond one block, where the op has one, and from
-    SPLIT_MIN_COLS on for the norms' backwards."""
+    SPLIT_MIN_COLS on for the norms' backwards; split_looped for 2-byte rows beyond SPLIT_LOOPED_ABOVE, where the
+    forward has one."""
+    if op.name in SPLIT_LOOPED and dtype.itemsize == 2 and n_cols > SPLIT_LOOPED_ABOVE:
+        return _expected_implementations(op, n_cols) | {"split_looped"}
     if op.name in FORWARDS:
         limit = MAX_SINGLE_BLOCK_FORWARD
     else:
@@ -84,7 +90,7 @@ def test_every_config_matches_the_reference(
     assert op.make_inputs is not None
     values = op.make_inputs(shape, dtype, target)
     ran = check_every_config(op, values, target.type == "cpu")
-    assert ran == _expected_implementations(op, shape[-1])
+    assert ran == _expected_implementations(op, shape[-1], dtype)
 
 
 @pytest.mark.parametrize("n_cols", [MAX_SINGLE_BLOCK + 27, 2 * MAX_SINGLE_BLOCK])

@@ -1,7 +1,7 @@
 """split_rows of softmax and log_softmax, forward and backward, and of rms_norm's, add_rms_norm's and layer_norm's
-forwards: each
-row split over programs that hold a block of it each and wait for the row's others (kernelgate.ops.split_rows),
-against the reference."""
+forwards: each row split over programs that hold a block of it each and wait for the row's others
+(kernelgate.ops.split_rows), against the reference; and split_looped of softmax's, log_softmax's and layer_norm's
+forwards, whose programs stream a segment of the row twice instead of holding a block."""
 
 from __future__ import annotations
 
@@ -276,3 +276,109 @@ def test_split_rows_counts_reuse_one_buffer_per_stream() -> None:
     with torch.cuda.graph(graph):
         captured = rowwise.split_rows_counts(cuda, 8)
     assert captured.data_ptr() != longer.data_ptr()
+
+
+# --- split_looped: a row's programs each stream a segment of it twice ------------------------------------------------
+
+SPLIT_LOOPED_FORWARDS = [kernelgate.softmax, kernelgate.log_softmax, kernelgate.layer_norm]
+# Segments of 8192 read 2048 at a time, and of 16384 read 4096: the two shapes of SPLIT_LOOPED_CONFIGS.
+SEGMENTS = [{"BLOCK_N": 8192, "STREAM_N": 2048, "num_warps": 4}, {"BLOCK_N": 16384, "STREAM_N": 4096, "num_warps": 4}]
+
+
+def _split_looped(op: Op) -> TritonImpl:
+    return next(impl for impl in op.implementations if impl.name == "split_looped")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", SEGMENTS, ids=lambda c: f"segment{c['BLOCK_N']}")
+@pytest.mark.parametrize("op", FORWARDS, ids=lambda op: op.name)
+def test_split_looped_forward_matches_the_reference(
+    target: torch.device, op: Op, config: dict[str, int], dtype: torch.dtype
+) -> None:
+    """softmax and log_softmax of rows of 40000 over 5 and 3 segments (the last one partial, the first two of row 1
+    starting with -inf, a whole segment of it at 8192), with a row of only -inf and a row holding a NaN (NaN rows, as
+    in torch), give the reference's result; so do rows of 49152 along another dimension than the last (whole
+    segments, no masks)."""
+    x = _rows((5, 40000), dtype, target)
+    x[1, :8192] = -INF
+    x[3] = -INF
+    x[4, 20000] = float("nan")
+    impl = _split_looped(op)
+    assert impl.supports is not None and impl.supports(x, -1) is None
+    y = run_candidate(impl, config, (x, -1), target.type == "cpu", poison=True)
+    assert (y.dtype, y.shape, y.is_contiguous()) == (dtype, x.shape, True)
+    assert bool(torch.isnan(y[3]).all()) and bool(torch.isnan(y[4]).all())
+    assert_close(y[:3], op.reference(x[:3], -1), reduction_length=x.shape[-1])
+    along = (3 * torch.randn((2, 49152, 2), generator=torch.Generator().manual_seed(1))).to(target, dtype)  # dim 1
+    y = run_candidate(impl, config, (along, 1), target.type == "cpu", poison=True)
+    assert y.is_contiguous() and y.shape == along.shape
+    assert_close(y, op.reference(along, 1), reduction_length=along.shape[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("config", SEGMENTS, ids=lambda c: f"segment{c['BLOCK_N']}")
+@pytest.mark.parametrize("n", [40000, 49152])
+def test_split_looped_layer_norm_matches_the_reference(
+    target: torch.device, n: int, config: dict[str, int], affine: bool, dtype: torch.dtype
+) -> None:
+    """layer_norm of rows of 40000 (a partial last segment, its mean weighted by its count) and 49152 (whole
+    segments, no masks), with and without weight and bias, a row far from zero (mean 1000: each segment's sums are
+    shifted by its own first columns' mean, and the segments' means merge without cancelling) and a constant row among
+    them, gives the reference's result or one closer to float64's."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn((3, n), generator=gen)
+    x[1] += 1000
+    x[2] = 5
+    x = x.to(device=target, dtype=dtype)
+    weight = torch.randn(n, generator=gen).to(device=target, dtype=dtype) if affine else None
+    bias = torch.randn(n, generator=gen).to(device=target, dtype=dtype) if affine else None
+    args = (x, (n,), weight, bias, 1e-5)
+    impl = _split_looped(kernelgate.layer_norm)
+    assert impl.supports is not None and impl.supports(*args) is None
+    y = run_candidate(impl, config, args, target.type == "cpu", poison=True)
+    assert (y.dtype, y.shape, y.is_contiguous()) == (dtype, x.shape, True)
+    in_float64 = [a.double() if isinstance(a, torch.Tensor) else a for a in args]
+    truth = kernelgate.layer_norm.reference(*in_float64)
+    assert_close_or_no_worse(y, kernelgate.layer_norm.reference(*args), truth, reduction_length=n)
+
+
+@pytest.mark.parametrize("op", SPLIT_LOOPED_FORWARDS, ids=lambda op: op.name)
+def test_split_looped_takes_two_byte_rows_longer_than_32768(op: Op) -> None:
+    """split_looped declines rows of up to SPLIT_LOOPED_ABOVE (the looped and single-block kernels were faster there
+    on the GPU) and float32 x (untimed; split_rows holds more of a row a program), naming why, and keeps segments
+    shorter than the row, read a quarter at a time."""
+    impl = _split_looped(op)
+    assert impl.supports is not None and impl.prune is not None
+
+    def args(n: int, dtype: torch.dtype) -> tuple[object, ...]:
+        x = torch.zeros(2, n, dtype=dtype)
+        return (x, (n,), None, None, 1e-5) if op is kernelgate.layer_norm else (x, -1)
+
+    assert rowwise.SPLIT_LOOPED_ABOVE == 32768
+    refusal = str(impl.supports(*args(32768, torch.bfloat16)))
+    assert "rows of 32768: up to 32768 the looped and single-block kernels were faster" in refusal
+    assert "torch.float32 x: split_rows" in str(impl.supports(*args(40000, torch.float32)))
+    assert impl.supports(*args(32769, torch.float16)) is None
+    kept = [dict(c) for c in impl.configs or () if impl.prune(c, *args(40000, torch.bfloat16))]
+    assert {(c["BLOCK_N"], c["STREAM_N"]) for c in kept} == {(8192, 2048), (16384, 4096)}
+    assert len(kept) == 6  # 4, 8 and 16 warps each
+
+
+@pytest.mark.gpu
+def test_split_looped_leaves_its_counts_zero_for_the_next_launch() -> None:
+    """On a GPU each split_looped forward leaves the stream's arrival counts zero, as split_rows' kernels do, so
+    launches one after another, segments of 8192 then 16384, each give the reference's result."""
+    cuda = torch.device("cuda")
+    kernelgate.configure(tune=False)
+    n = 40000
+    with kernelgate.use_mode("triton"):
+        for config in SEGMENTS:
+            for op, args in _split_rows_cases(n, cuda):
+                if op not in SPLIT_LOOPED_FORWARDS:
+                    continue
+                half = tuple(a.bfloat16() if isinstance(a, torch.Tensor) else a for a in args)
+                got = run_candidate(_split_looped(op), config, half, False, poison=True)
+                assert_close(got, op.reference(*half), reduction_length=n)
+                torch.cuda.synchronize()
+                assert rowwise.split_rows_counts(cuda, 3).tolist() == [0, 0, 0], (op.name, config)

@@ -585,6 +585,44 @@ def split_rows_impl(
     )  # fmt: skip
 
 
+# --- split looped: each row over programs that stream a segment of it twice ------------------------------------------
+# As split_rows, a row's programs exchange its sums and wait for each other, but each streams its segment of BLOCK_N
+# columns STREAM_N at a time, once for its partial sums and again, after the wait, for its result: only a segment a
+# program is in flight between its two reads, which L2 holds. Measured on an H100 in bf16 only
+# (benchmarks/results/h100/split-looped-forwards-f2df623): at rows of 131072, layer_norm 12 %, log_softmax 7 % and
+# softmax 2 % faster than the package's best; at 32768 slower than looped in every op; in float32 untimed, where
+# split_rows holds twice the bytes of a row a program. Offered for 2-byte inputs and rows longer than
+# SPLIT_LOOPED_ABOVE; the fastest configurations read a quarter of the segment at a time.
+
+SPLIT_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(8192, 16384), STREAM_N=(2048, 4096), num_warps=(4, 8, 16))
+SPLIT_LOOPED_DEFAULT: Config = {"BLOCK_N": 16384, "STREAM_N": 4096, "num_warps": 16}
+SPLIT_LOOPED_ABOVE = 32768
+
+
+def split_looped_impl(
+    launcher: Callable[..., Any], kernels: tuple[LazyKernel, ...], n_cols: Callable[..., int]
+) -> TritonImpl:
+    """The ``split_looped`` implementation of a row-wise forward whose first argument is x: for 2-byte x (its dtype,
+    not a weight's) and rows longer than :data:`SPLIT_LOOPED_ABOVE`; tuning tries segments shorter than the row, read
+    a quarter at a time."""
+
+    def supports(x: torch.Tensor, *args: Any) -> str | None:
+        n = n_cols(x, *args)
+        if n <= SPLIT_LOOPED_ABOVE:
+            return f"rows of {n}: up to {SPLIT_LOOPED_ABOVE} the looped and single-block kernels were faster"
+        if x.dtype.itemsize != 2:
+            return f"{x.dtype} x: split_rows, holding more bytes of a row a program, suits it"
+        return None
+
+    def prune(config: Config, *args: Any) -> bool:
+        return config["STREAM_N"] * 4 == config["BLOCK_N"] < n_cols(*args)
+
+    return TritonImpl(
+        "split_looped", launcher, kernels, supports=supports, configs=SPLIT_LOOPED_CONFIGS,
+        default_config=SPLIT_LOOPED_DEFAULT, prune=prune,
+    )  # fmt: skip
+
+
 def _run_along(x: torch.Tensor, dim: int, kernel: LazyKernel, block: int, config: Config) -> torch.Tensor:
     last = _is_last(x, dim)
     moved = x if last else x.movedim(dim, -1)
@@ -684,13 +722,15 @@ def split_rows_backward_impl(
     )  # fmt: skip
 
 
-def _run_along_split(x: torch.Tensor, dim: int, kernel: LazyKernel, config: Config) -> torch.Tensor:
+def _run_along_split(x: torch.Tensor, dim: int, kernel: LazyKernel, config: Config, **meta: Any) -> torch.Tensor:
     last = _is_last(x, dim)
     moved = x if last else x.movedim(dim, -1)
     rows = as_rows(moved, "x")
     y = empty(moved.shape, dtype=x.dtype, device=x.device)
     even = rows.n_cols % config["BLOCK_N"] == 0
-    launch_split_rows(kernel, rows, (rows.tensor, y), (rows.stride, rows.n_cols), (), 2, config=config, EVEN_N=even)
+    launch_split_rows(
+        kernel, rows, (rows.tensor, y), (rows.stride, rows.n_cols), (), 2, config=config, EVEN_N=even, **meta
+    )
     return y if last else y.movedim(-1, dim).contiguous()
 
 
@@ -735,11 +775,13 @@ def along_dim_impls(
     persistent_looped: LazyKernel | None = None,
     *,
     split: LazyKernel | None = None,
+    split_looped: LazyKernel | None = None,
 ) -> tuple[TritonImpl, ...]:
     """``single_block`` and ``looped`` implementations of an op ``(x, dim) -> y`` from its two kernels, with
     ``persistent`` a ``persistent`` one (see :func:`persistent_impl`), with ``persistent_looped`` (and
-    ``persistent``) a ``persistent_looped`` one (see :func:`persistent_looped_impl`), and with ``split`` a
-    ``split_rows`` one (:func:`split_rows_impl`)."""
+    ``persistent``) a ``persistent_looped`` one (see :func:`persistent_looped_impl`), with ``split`` a
+    ``split_rows`` one (:func:`split_rows_impl`), and with ``split_looped`` a ``split_looped`` one
+    (:func:`split_looped_impl`)."""
 
     def launch_single(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
         return _run_along(x, dim, single, single_block(along_dim_length(x, dim)), config)
@@ -758,6 +800,13 @@ def along_dim_impls(
             return _run_along_split(x, dim, split_kernel, config)
 
         impls = (*impls, split_rows_impl(launch_split, (split,), _n_cols_along))
+    if split_looped is not None:
+        split_looped_kernel = split_looped
+
+        def launch_split_looped(x: torch.Tensor, dim: int = -1, *, config: Config) -> torch.Tensor:
+            return _run_along_split(x, dim, split_looped_kernel, config, STREAM_N=config["STREAM_N"])
+
+        impls = (*impls, split_looped_impl(launch_split_looped, (split_looped,), _n_cols_along))
     if persistent is None:
         return impls
 

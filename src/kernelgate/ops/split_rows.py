@@ -149,10 +149,18 @@ def split_row_exp_and_sum(
         s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
         if PHASE == 0:
             leave_row(arrived_ptr, row, part, n_split)
-        m = tl.max(m_parts, axis=0)
-        scale = tl.where(m_parts == -float("inf"), 0.0, tl.exp(m_parts - tl.where(m == -float("inf"), 0.0, m)))
-        s = tl.sum(s_parts * scale, axis=0)
+        m, s = merge_max_and_sum(m_parts, s_parts)
     return e, m_block, m, s
+
+
+@triton.jit
+def merge_max_and_sum(m_parts, s_parts):
+    """A row's max ``m`` and sum of ``exp(x - m)`` from its programs' maxima ``m_parts`` and sums ``s_parts`` of
+    ``exp(x - m_part)`` (-inf and 0 past the programs). A part of nothing but -inf has a sum of 0 (its rescale would
+    be NaN); a NaN part's sum stays NaN. A row of only -inf gets m = -inf and a sum of 0."""
+    m = tl.max(m_parts, axis=0)
+    scale = tl.where(m_parts == -float("inf"), 0.0, tl.exp(m_parts - tl.where(m == -float("inf"), 0.0, m)))
+    return m, tl.sum(s_parts * scale, axis=0)
 
 
 @triton.jit

@@ -26,6 +26,7 @@ __all__ = ["layer_norm", "layer_norm_backward"]
 LAYER_NORM_FWD = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fwd_kernel")
 LAYER_NORM_FWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fwd_looped_kernel")
 LAYER_NORM_FWD_SPLIT = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fwd_split_kernel")
+LAYER_NORM_FWD_SPLIT_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_fwd_split_looped_kernel")
 LAYER_NORM_BWD = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_kernel")
 LAYER_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_looped_kernel")
 LAYER_NORM_BWD_STATS = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_stats_kernel")
@@ -148,10 +149,38 @@ def _launch_split_rows(
     *,
     config: Config,
 ) -> torch.Tensor:
+    return _run_split(LAYER_NORM_FWD_SPLIT, x, normalized_shape, weight, bias, eps, config)
+
+
+def _launch_split_looped(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    config: Config,
+) -> torch.Tensor:
+    return _run_split(
+        LAYER_NORM_FWD_SPLIT_LOOPED, x, normalized_shape, weight, bias, eps, config, STREAM_N=config["STREAM_N"]
+    )
+
+
+def _run_split(
+    kernel: LazyKernel,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    config: Config,
+    **meta: Any,
+) -> torch.Tensor:
+    """A forward whose rows are split over programs (split_rows' and split_looped's kernels)."""
     rows, pointers, y = _forward_operands(x, normalized_shape, weight, bias)
     rowwise.launch_split_rows(
-        LAYER_NORM_FWD_SPLIT, rows, pointers, (rows.stride, rows.n_cols), (float(eps),), 2, config=config,
-        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
+        kernel, rows, pointers, (rows.stride, rows.n_cols), (float(eps),), 2, config=config,
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, EVEN_N=rows.n_cols % config["BLOCK_N"] == 0, **meta,
     )  # fmt: skip
     return y
 
@@ -469,6 +498,7 @@ layer_norm = Op(
             FWD_LOOPED_PER_THREAD,
         ),
         rowwise.split_rows_impl(_launch_split_rows, (LAYER_NORM_FWD_SPLIT,), _fwd_n_cols),
+        rowwise.split_looped_impl(_launch_split_looped, (LAYER_NORM_FWD_SPLIT_LOOPED,), _fwd_n_cols),
     ),
     bucket=lambda x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),
     reduction_length=lambda x, normalized_shape, weight, bias, eps: _n_cols(normalized_shape),

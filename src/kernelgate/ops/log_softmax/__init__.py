@@ -20,6 +20,7 @@ LOG_SOFTMAX_FWD_LOOPED = LazyKernel(_KERNELS, "_log_softmax_fwd_looped_kernel")
 LOG_SOFTMAX_FWD_PERSISTENT = LazyKernel(_KERNELS, "_log_softmax_fwd_persistent_kernel")
 LOG_SOFTMAX_FWD_PERSISTENT_LOOPED = LazyKernel(_KERNELS, "_log_softmax_fwd_persistent_looped_kernel")
 LOG_SOFTMAX_FWD_SPLIT = LazyKernel(_KERNELS, "_log_softmax_fwd_split_kernel")
+LOG_SOFTMAX_FWD_SPLIT_LOOPED = LazyKernel(_KERNELS, "_log_softmax_fwd_split_looped_kernel")
 LOG_SOFTMAX_BWD = LazyKernel(_KERNELS, "_log_softmax_bwd_kernel")
 LOG_SOFTMAX_BWD_LOOPED = LazyKernel(_KERNELS, "_log_softmax_bwd_looped_kernel")
 LOG_SOFTMAX_BWD_SPLIT = LazyKernel(_KERNELS, "_log_softmax_bwd_split_kernel")
@@ -58,6 +59,7 @@ log_softmax = Op(
         LOG_SOFTMAX_FWD_PERSISTENT,
         LOG_SOFTMAX_FWD_PERSISTENT_LOOPED,
         split=LOG_SOFTMAX_FWD_SPLIT,
+        split_looped=LOG_SOFTMAX_FWD_SPLIT_LOOPED,
     ),
     bucket=rowwise.along_dim_bucket,
     reduction_length=rowwise.along_dim_length,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.softmax.kernels import online_max_and_sum
+from kernelgate.ops.softmax.kernels import online_max_and_sum, split_looped_segment
 from kernelgate.ops.split_rows import split_row_block, split_row_exp_and_sum, split_row_sum, widen_after_wait
 from kernelgate.ops.tiles import exp_below_max, load_tile, store_tile
 
@@ -118,6 +118,17 @@ def _log_softmax_fwd_split_kernel(
     if PHASE != 1:
         y = (widen_after_wait(x_in) - m) - tl.log(s)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
+@triton.jit
+def _log_softmax_fwd_split_looped_kernel(
+    x_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, STREAM_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """log_softmax of rows split over programs that each stream a segment of BLOCK_N columns twice
+    (softmax's :func:`~kernelgate.ops.softmax.kernels.split_looped_segment`). Grid: (n_rows * n_split,)."""
+    split_looped_segment(x_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, PHASE,
+                         SPLIT_BLOCK, BLOCK_N, STREAM_N, True, EVEN_N)  # fmt: skip
 
 
 @triton.jit

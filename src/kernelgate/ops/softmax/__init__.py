@@ -19,6 +19,7 @@ SOFTMAX_FWD_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_
 SOFTMAX_FWD_PERSISTENT = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_persistent_kernel")
 SOFTMAX_FWD_PERSISTENT_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_persistent_looped_kernel")
 SOFTMAX_FWD_SPLIT = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_split_kernel")
+SOFTMAX_FWD_SPLIT_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_fwd_split_looped_kernel")
 SOFTMAX_BWD = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_bwd_kernel")
 SOFTMAX_BWD_LOOPED = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_bwd_looped_kernel")
 SOFTMAX_BWD_SPLIT = LazyKernel("kernelgate.ops.softmax.kernels", "_softmax_bwd_split_kernel")
@@ -55,6 +56,7 @@ softmax = Op(
         SOFTMAX_FWD_PERSISTENT,
         SOFTMAX_FWD_PERSISTENT_LOOPED,
         split=SOFTMAX_FWD_SPLIT,
+        split_looped=SOFTMAX_FWD_SPLIT_LOOPED,
     ),
     bucket=rowwise.along_dim_bucket,
     reduction_length=rowwise.along_dim_length,

@@ -8,7 +8,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import split_row_block, split_row_exp_and_sum, split_row_sum, widen_after_wait
+from kernelgate.ops.split_rows import (
+    leave_row,
+    load_row_partials,
+    merge_max_and_sum,
+    split_row_block,
+    split_row_exp_and_sum,
+    split_row_sum,
+    wait_for_row,
+    widen_after_wait,
+)
 from kernelgate.ops.tiles import exp_below_max, load_tile, store_tile
 
 
@@ -158,6 +167,68 @@ def _softmax_fwd_split_kernel(
         # by the counts' reuse; benchmarks/results/h200/default-*) and freed 2 registers a thread of 64.
         y = e * (tl.exp(m_block - m) / s)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
+@triton.jit
+def split_looped_segment(
+    x_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, STREAM_N: tl.constexpr, LOG: tl.constexpr,
+    EVEN_N: tl.constexpr,
+):  # fmt: skip
+    """This program's segment of a softmax (log_softmax with LOG) of rows split over ``n_split`` programs of BLOCK_N
+    columns each, streamed STREAM_N at a time: the segment's max and sum from a first read (:func:`online_max_and_sum`,
+    loads kept in L2 with ``evict_last``), the row's from every program's once they have all stored theirs
+    (:mod:`kernelgate.ops.split_rows`), then the segment's result from a second read, back to front, so that its
+    first loads find the columns read last. Between its two reads only a segment a program is in flight, which L2
+    holds, where a looped kernel has a whole row; split_rows holds its block in registers instead, and at rows of
+    131072 its programs, waiting on a row's others with their blocks held, kept fewer reads in flight (bf16 on an
+    H100: benchmarks/results/h100/split-looped-forwards-f2df623). Shared by the softmax and log_softmax kernels.
+
+    x_ptr, y_ptr: (n_rows, n_cols). Grid: (n_rows * n_split,). partial_ptr: (n_rows, 2 * SPLIT_BLOCK) float32;
+    arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks; STREAM_N divides
+    BLOCK_N).
+    """
+    pid = tl.program_id(0)
+    row = pid // n_split
+    part = pid % n_split
+    start = part * BLOCK_N
+    seg_len = tl.minimum(n_cols - start, BLOCK_N)
+    x_seg = x_ptr + row * stride_xm + start
+    y_seg = y_ptr + row * stride_ym + start
+    partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
+    if PHASE != 2:
+        m_part, s_part = online_max_and_sum(x_seg, seg_len, STREAM_N, EVEN_N)
+        tl.store(partial_row + part, m_part)
+        tl.store(partial_row + SPLIT_BLOCK + part, s_part)
+    if PHASE == 0:
+        wait_for_row(arrived_ptr, row, n_split)
+    if PHASE != 1:
+        m_parts = load_row_partials(partial_row, 0, n_split, -float("inf"), SPLIT_BLOCK)
+        s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+        if PHASE == 0:
+            leave_row(arrived_ptr, row, part, n_split)
+        m, total = merge_max_and_sum(m_parts, s_parts)
+        # A row of only -inf has total 0: softmax 0 * inf, log_softmax -inf - -inf - -inf, both NaN, as in torch.
+        inverse = 1.0 / total
+        log_total = tl.log(total)
+        n_blocks = tl.cdiv(seg_len, STREAM_N)
+        for i in range(0, n_blocks):
+            cols = (n_blocks - 1 - i) * STREAM_N + tl.arange(0, STREAM_N)
+            mask = cols < seg_len
+            x = load_tile(x_seg + cols, mask, -float("inf"), EVEN_N, "evict_first").to(tl.float32)
+            y = (x - m) - log_total if LOG else exp_below_max(x, m) * inverse
+            store_tile(y_seg + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "evict_first")
+
+
+@triton.jit
+def _softmax_fwd_split_looped_kernel(
+    x_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, STREAM_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """Softmax of rows split over programs that each stream a segment of BLOCK_N columns twice
+    (:func:`split_looped_segment`). Grid: (n_rows * n_split,)."""
+    split_looped_segment(x_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, PHASE,
+                         SPLIT_BLOCK, BLOCK_N, STREAM_N, False, EVEN_N)  # fmt: skip
 
 
 @triton.jit

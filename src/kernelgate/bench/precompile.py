@@ -80,7 +80,8 @@ class Precompiled:
     and how many ``failed`` (the run compiles whatever is missing itself, and reports any failure in
     its rows; a worker that died or ran out of time answers for none of its jobs); ``parts``: what was
     compiled ahead (torch.compile's graphs, kernelgate's candidates, Liger-Kernel's kernels); ``failed_by``: of the
-    failed cases, how many failed in each part (Liger-Kernel refusing a shape is one)."""
+    failed cases, how many failed in each part (Liger-Kernel refusing a shape is one); ``first_failure``: the first
+    failed case and its error as its worker wrote them (at most 300 characters), shown after the counts."""
 
     def __init__(
         self,
@@ -90,19 +91,22 @@ class Precompiled:
         failed: int,
         parts: Sequence[str] = ("torch.compile",),
         failed_by: Mapping[str, int] | None = None,
+        first_failure: str = "",
     ) -> None:
         self.seconds, self.jobs, self.compiled, self.failed = seconds, jobs, compiled, failed
         self.parts = tuple(parts)
         self.failed_by = dict(failed_by or {})
+        self.first_failure = first_failure
 
     def __str__(self) -> str:
         missing = self.jobs - self.compiled - self.failed
         which = ", ".join(f"{part} {n}" for part, n in self.failed_by.items() if n)
         failed = f"failed ({which})" if which else "failed"
         tail = "".join(f", {n} {what}" for n, what in ((self.failed, failed), (missing, "not answered")) if n)
+        first = f"; the first: {self.first_failure}" if self.failed and self.first_failure else ""
         return (
             f"{', '.join(self.parts)} ahead: {self.compiled} of {self.jobs} case(s) compiled in "
-            f"{self.seconds:.0f} s{tail}"
+            f"{self.seconds:.0f} s{tail}{first}"
         )
 
 
@@ -144,6 +148,7 @@ def precompile(
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     compiled = failed = 0
     failed_by = dict.fromkeys(parts, 0)  # a failing part's lines name it: "failed op dtype shape: part: error"
+    first_failure = ""  # what the first failed case's line says (the run's output shows it)
     with contextlib.ExitStack() as files:
         running = []
         for share in dealt if cases else []:
@@ -179,9 +184,10 @@ def precompile(
                 compiled += line.startswith("ok ")
                 if line.startswith("failed "):
                     failed += 1
+                    first_failure = first_failure or line.removeprefix("failed ").strip()
                     for part in failed_by:
                         failed_by[part] += f": {part}: " in line or f"; {part}: " in line
-    return Precompiled(time.perf_counter() - start, len(cases), compiled, failed, parts, failed_by)
+    return Precompiled(time.perf_counter() - start, len(cases), compiled, failed, parts, failed_by, first_failure)
 
 
 def compile_cases(jobs: dict[str, Any]) -> list[str]:

@@ -46,7 +46,7 @@ from kernelgate import rowwise
 from kernelgate.config import Config, ConfigSpace
 from kernelgate.launch import LazyKernel
 from kernelgate.op import TritonImpl
-from kernelgate.ops.split_rows import leave_row, load_row_partials, wait_for_row
+from kernelgate.ops.split_rows import leave_row, load_row_partials, split_row_segment, wait_for_row
 from kernelgate.ops.tiles import load_tile, store_tile
 
 DEFAULT_LENGTHS = (32768, 65536, 131072)
@@ -67,11 +67,7 @@ def _rms_norm_fwd_split_looped_kernel(
     x_ptr, y_ptr: (n_rows, n_cols); w_ptr: (n_cols,), unused unless HAS_WEIGHT. Grid: (n_rows * n_split,).
     partial_ptr: (n_rows, SPLIT_BLOCK) float32; arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple
     of BLOCK_N (no masks; STREAM_N divides BLOCK_N)."""
-    pid = tl.program_id(0)
-    row = pid // n_split
-    part = pid % n_split
-    start = part * BLOCK_N
-    seg_len = tl.minimum(n_cols - start, BLOCK_N)
+    row, part, start, seg_len = split_row_segment(n_split, n_cols, BLOCK_N)
     x_seg = x_ptr + row * stride_xm + start
     y_seg = y_ptr + row * stride_ym + start
     partial_row = partial_ptr + row * SPLIT_BLOCK

@@ -148,6 +148,14 @@ def test_split_rows_layer_norm_matches_the_reference(
     1000: the blocks' means merge without cancelling) and a constant row among them, in float32 and bfloat16,
     gives the reference's result or one closer to float64's. (float32 at 24576: torch's layer_norm of the row
     near 1000 is 2.4e-5 from float64's, the kernel's 2e-7.)"""
+    _check_layer_norm(_split_rows(kernelgate.layer_norm), {"BLOCK_N": block, "num_warps": 4}, target, n, affine, dtype)
+
+
+def _check_layer_norm(
+    impl: TritonImpl, config: dict[str, int], target: torch.device, n: int, affine: bool, dtype: torch.dtype
+) -> None:
+    """layer_norm's ``impl`` at ``config`` on 3 rows of ``n``: random, far from zero (mean 1000) and constant, with
+    weight and bias if ``affine``, against the reference (or closer to float64's than it)."""
     gen = torch.Generator().manual_seed(3)
     x = torch.randn((3, n), generator=gen)
     x[1] += 1000
@@ -156,9 +164,8 @@ def test_split_rows_layer_norm_matches_the_reference(
     weight = torch.randn(n, generator=gen).to(device=target, dtype=dtype) if affine else None
     bias = torch.randn(n, generator=gen).to(device=target, dtype=dtype) if affine else None
     args = (x, (n,), weight, bias, 1e-5)
-    impl = _split_rows(kernelgate.layer_norm)
     assert impl.supports is not None and impl.supports(*args) is None
-    y = run_candidate(impl, {"BLOCK_N": block, "num_warps": 4}, args, target.type == "cpu", poison=True)
+    y = run_candidate(impl, config, args, target.type == "cpu", poison=True)
     assert (y.dtype, y.shape, y.is_contiguous()) == (dtype, x.shape, True)
     in_float64 = [a.double() if isinstance(a, torch.Tensor) else a for a in args]
     truth = kernelgate.layer_norm.reference(*in_float64)
@@ -326,21 +333,7 @@ def test_split_looped_layer_norm_matches_the_reference(
     segments, no masks), with and without weight and bias, a row far from zero (mean 1000: each segment's sums are
     shifted by its own first columns' mean, and the segments' means merge without cancelling) and a constant row among
     them, gives the reference's result or one closer to float64's."""
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn((3, n), generator=gen)
-    x[1] += 1000
-    x[2] = 5
-    x = x.to(device=target, dtype=dtype)
-    weight = torch.randn(n, generator=gen).to(device=target, dtype=dtype) if affine else None
-    bias = torch.randn(n, generator=gen).to(device=target, dtype=dtype) if affine else None
-    args = (x, (n,), weight, bias, 1e-5)
-    impl = _split_looped(kernelgate.layer_norm)
-    assert impl.supports is not None and impl.supports(*args) is None
-    y = run_candidate(impl, config, args, target.type == "cpu", poison=True)
-    assert (y.dtype, y.shape, y.is_contiguous()) == (dtype, x.shape, True)
-    in_float64 = [a.double() if isinstance(a, torch.Tensor) else a for a in args]
-    truth = kernelgate.layer_norm.reference(*in_float64)
-    assert_close_or_no_worse(y, kernelgate.layer_norm.reference(*args), truth, reduction_length=n)
+    _check_layer_norm(_split_looped(kernelgate.layer_norm), config, target, n, affine, dtype)
 
 
 @pytest.mark.parametrize("op", SPLIT_LOOPED_FORWARDS, ids=lambda op: op.name)

@@ -43,6 +43,16 @@ def split_row_block(n_split, n_cols, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def split_row_segment(n_split, n_cols, BLOCK_N: tl.constexpr):
+    """This program's row, the index of its segment in the row, the segment's first column and its length (BLOCK_N,
+    or less for a row's last): the split_looped kernels', whose programs stream a segment rather than hold a block."""
+    pid = tl.program_id(0)
+    part = pid % n_split
+    start = part * BLOCK_N
+    return pid // n_split, part, start, tl.minimum(n_cols - start, BLOCK_N)
+
+
+@triton.jit
 def wait_for_row(arrived_ptr, row, n_split):
     """Count this program's partials as stored for ``row`` and wait until the row's ``n_split`` programs have.
 

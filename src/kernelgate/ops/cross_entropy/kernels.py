@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelgate.ops.split_rows import leave_row, load_row_partials, split_row_block, wait_for_row
+from kernelgate.ops.split_rows import leave_row, load_row_partials, split_row_block, split_row_segment, wait_for_row
 from kernelgate.ops.tiles import LOG2E, load_tile, store_tile
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2)
@@ -615,11 +615,7 @@ def _cross_entropy_fwd_grad_split_looped_kernel(
     block's. On an H100, bf16 4096x128256 took 884 us against looped's 981 and split_rows' 1010, 2048x256000 860
     against 1040 and 1042; float32, whose split_rows kernel holds more of a row, it does not help
     (benchmarks/results/h100/ce-split-looped-cc1334d)."""
-    pid = tl.program_id(0)
-    row = pid // n_split
-    part = pid % n_split
-    start = part * BLOCK_N
-    seg_len = tl.minimum(n_cols - start, BLOCK_N)
+    row, part, start, seg_len = split_row_segment(n_split, n_cols, BLOCK_N)
     ignored, valid, t_safe = _row_target(target_ptr, row, stride_tm, n_cols, ignore_index)
     x_row = x_ptr + row * stride_xm
     x_t, pivot = _target_logit(x_row, t_safe, valid)

@@ -25,6 +25,7 @@ from kernelgate.ops.split_rows import (
     row_group_block,
     split_row_block,
     split_row_pair,
+    split_row_segment,
     widen_after_wait,
 )
 from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
@@ -211,11 +212,7 @@ def _layer_norm_fwd_split_looped_kernel(
     (n_rows * n_split,). partial_ptr: (n_rows, 2 * SPLIT_BLOCK) float32; arrived_ptr: (n_rows,) int32, zeros. EVEN_N:
     n_cols is a multiple of BLOCK_N (no masks; STREAM_N divides BLOCK_N).
     """
-    pid = tl.program_id(0)
-    row = pid // n_split
-    part = pid % n_split
-    start = part * BLOCK_N
-    seg_len = tl.minimum(n_cols - start, BLOCK_N)
+    row, part, start, seg_len = split_row_segment(n_split, n_cols, BLOCK_N)
     x_row = x_ptr + row * stride_xm
     k = tl.load(x_row).to(tl.float32)
     mean_part = tl.zeros([], tl.float32)

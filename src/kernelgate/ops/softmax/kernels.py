@@ -14,6 +14,7 @@ from kernelgate.ops.split_rows import (
     merge_max_and_sum,
     split_row_block,
     split_row_exp_and_sum,
+    split_row_segment,
     split_row_sum,
     wait_for_row,
     widen_after_wait,
@@ -188,11 +189,7 @@ def split_looped_segment(
     arrived_ptr: (n_rows,) int32, zeros. EVEN_N: n_cols is a multiple of BLOCK_N (no masks; STREAM_N divides
     BLOCK_N).
     """
-    pid = tl.program_id(0)
-    row = pid // n_split
-    part = pid % n_split
-    start = part * BLOCK_N
-    seg_len = tl.minimum(n_cols - start, BLOCK_N)
+    row, part, start, seg_len = split_row_segment(n_split, n_cols, BLOCK_N)
     x_seg = x_ptr + row * stride_xm + start
     y_seg = y_ptr + row * stride_ym + start
     partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)

@@ -13,7 +13,8 @@
 #   benchmarks/run_gpu.sh profile OUT benchmarks/profile_case.py for each of CASES, space-separated
 #                                     op:shape:dtype:direction (e.g. cross_entropy:8192x32000:bfloat16:forward+backward)
 #   benchmarks/run_gpu.sh ab OUT      `kernelgate bench BENCH_ARGS` on another kernelgate's sources, BASE_SRC (its commit:
-#                                     BASE_COMMIT), then on this tree, each with its own caches (BENCH_ARGS default:
+#                                     BASE_COMMIT), then on this tree, each with its own caches and half the budget
+#                                     left (a side starts no case after 3/4 of its share) (BENCH_ARGS default:
 #                                     --suite benchmarks/long-rows.json --no-backward --no-compile --no-liger); make
 #                                     BASE_SRC with `git archive BASE src | tar -x -C DIR` and pass DIR/src;
 #                                     TREE_SRC and TREE_COMMIT put another kernelgate's sources in this tree's place
@@ -88,19 +89,28 @@ elif [ "$part" = profile ]; then
   done
 elif [ "$part" = ab ]; then
   : "${BASE_SRC:?set BASE_SRC to the src directory of the kernelgate to compare with}" "${BASE_COMMIT:?set BASE_COMMIT}"
+  # Each side gets an equal share of what is left when it starts, and starts no case after three quarters of it
+  # (--time-limit), so a slow base (a cold compile) leaves the tree side its share: a run whose base took the whole
+  # budget left no tree results at all.
+  sides=2
   for side in base tree; do
     if [ "$side" = base ]; then src=$BASE_SRC; label=$BASE_COMMIT; else src=${TREE_SRC:-$PWD/src}; label=${TREE_COMMIT:-$commit}; fi
+    share=$(( (deadline - SECONDS - 15) / sides )); sides=$((sides - 1))
+    if [ "$share" -le 0 ]; then echo "$side ($label): no time left"; continue; fi
     # shellcheck disable=SC2086
     PYTHONPATH=$src${PYTHONPATH#"$PWD/src"} KERNELGATE_COMMIT=$label KERNELGATE_CACHE_DIR=$out/cache-$side \
-      TRITON_CACHE_DIR=$TRITON_CACHE_DIR-$side within_budget python3 -m kernelgate bench \
+      TRITON_CACHE_DIR=$TRITON_CACHE_DIR-$side timeout --kill-after=5 "$share" python3 -m kernelgate bench \
+      --time-limit $((share * 3 / 4)) \
       ${BENCH_ARGS:---suite benchmarks/long-rows.json --no-backward --no-compile --no-liger} --out "$out/$side" \
       > "$out/$side.txt" 2>&1
     echo "$side ($label) rc=$?"
   done
   python3 - "$out" <<'PY'
-import csv, sys
-rows = {side: {(r["op"], r["dtype"], r["shape"], r["direction"]): r for r in csv.DictReader(open(f"{sys.argv[1]}/{side}/bench.csv"))
-               if r["impl"] == "kernelgate" and r["status"] == "ok"} for side in ("base", "tree")}
+import csv, os, sys
+paths = {side: f"{sys.argv[1]}/{side}/bench.csv" for side in ("base", "tree")}
+rows = {side: {(r["op"], r["dtype"], r["shape"], r["direction"]): r for r in csv.DictReader(open(path))
+               if r["impl"] == "kernelgate" and r["status"] == "ok"} if os.path.exists(path) else {}
+        for side, path in paths.items()}
 for key, tree in rows["tree"].items():
     base = rows["base"].get(key)
     print(*key, base["frac_of_copy"][:5] if base else "-", tree["frac_of_copy"][:5], tree["note"][:60])

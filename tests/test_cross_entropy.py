@@ -1016,12 +1016,13 @@ def test_split_rows_leaves_rows_of_one_block_to_single_block() -> None:
 
 def test_split_looped_takes_two_byte_logits_of_rows_longer_than_a_segment() -> None:
     """split_looped declines rows that fit one block and float32 logits (split_rows was faster there on the GPU),
-    naming why; it takes bf16 logits with a float32 weight, and prunes segments as long as the row."""
+    naming why; it takes bf16 logits with a float32 weight, and keeps segments shorter than the row, read a quarter
+    at a time."""
     split_looped = next(impl for impl in cross_entropy_with_grad.implementations if impl.name == "split_looped")
     assert split_looped.supports is not None and split_looped.prune is not None
     labels = torch.zeros(2, dtype=torch.int64)
     short = _args(torch.randn(2, 16384, dtype=torch.bfloat16), labels, None, 0.0, "mean")
-    assert "fit one block" in str(split_looped.supports(*short))
+    assert "rows of 16384: up to 16384 the looped and single-block kernels" in str(split_looped.supports(*short))
     wide = _args(torch.randn(2, 20000), labels, None, 0.0, "mean")
     assert "torch.float32 logits: split_rows" in str(split_looped.supports(*wide))
     long = _args(torch.randn(2, 20000, dtype=torch.bfloat16), labels, torch.rand(20000) + 0.5, 0.0, "mean")
@@ -1029,7 +1030,9 @@ def test_split_looped_takes_two_byte_logits_of_rows_longer_than_a_segment() -> N
     tensors = [v for v in long if isinstance(v, torch.Tensor)]
     assert cross_entropy_with_grad._refusal(split_looped, long, tensors) is None, "the float32 weight is no refusal"
     kept = [dict(c) for c in split_looped.configs if split_looped.prune(c, *long)]
-    assert kept and all(c["BLOCK_N"] == 16384 for c in kept)
+    assert kept and all(c["BLOCK_N"] == 16384 and c["STREAM_N"] == 4096 for c in kept)
+    short_segments = _args(torch.randn(2, 16385, dtype=torch.bfloat16), labels, None, 0.0, "mean")
+    assert [dict(c) for c in split_looped.configs if split_looped.prune(c, *short_segments)] == kept
 
 
 def test_forward_with_grad_matches_torch_autograd_in_float64() -> None:

@@ -600,26 +600,34 @@ SPLIT_LOOPED_ABOVE = 32768
 
 
 def split_looped_impl(
-    launcher: Callable[..., Any], kernels: tuple[LazyKernel, ...], n_cols: Callable[..., int]
+    launcher: Callable[..., Any],
+    kernels: tuple[LazyKernel, ...],
+    n_cols: Callable[..., int],
+    *,
+    above: int = SPLIT_LOOPED_ABOVE,
+    configs: ConfigSpace = SPLIT_LOOPED_CONFIGS,
+    default_config: Config = SPLIT_LOOPED_DEFAULT,
+    dtypes: tuple[torch.dtype, ...] = HALF_AND_FLOAT,
+    x_name: str = "x",
 ) -> TritonImpl:
-    """The ``split_looped`` implementation of a row-wise forward whose first argument is x: for 2-byte x (its dtype,
-    not a weight's) and rows longer than :data:`SPLIT_LOOPED_ABOVE`; tuning tries segments shorter than the row, read
-    a quarter at a time."""
+    """The ``split_looped`` implementation of a row-wise op whose first argument, named ``x_name`` in its refusals, is
+    the rows (a forward's input, cross_entropy's logits): for 2-byte rows (their dtype, not a weight's) longer than
+    ``above``; tuning tries segments shorter than the row, read a quarter at a time."""
 
     def supports(x: torch.Tensor, *args: Any) -> str | None:
         n = n_cols(x, *args)
-        if n <= SPLIT_LOOPED_ABOVE:
-            return f"rows of {n}: up to {SPLIT_LOOPED_ABOVE} the looped and single-block kernels were faster"
+        if n <= above:
+            return f"rows of {n}: up to {above} the looped and single-block kernels were faster"
         if x.dtype.itemsize != 2:
-            return f"{x.dtype} x: split_rows, holding more bytes of a row a program, suits it"
+            return f"{x.dtype} {x_name}: split_rows, holding more bytes of a row a program, suits it"
         return None
 
     def prune(config: Config, *args: Any) -> bool:
         return config["STREAM_N"] * 4 == config["BLOCK_N"] < n_cols(*args)
 
     return TritonImpl(
-        "split_looped", launcher, kernels, supports=supports, configs=SPLIT_LOOPED_CONFIGS,
-        default_config=SPLIT_LOOPED_DEFAULT, prune=prune,
+        "split_looped", launcher, kernels, dtypes=dtypes, supports=supports, configs=configs,
+        default_config=default_config, prune=prune,
     )  # fmt: skip
 
 

@@ -24,7 +24,7 @@ Memory traffic, for ``N x C`` logits of ``b`` bytes each:
   implementation reads such a row once: it splits the row over programs that each hold a block of it in
   registers and wait for the row's others' partial sums (float32 at 128K-256K classes on the H200: 0.78 of
   copy against looped's 0.66; in bf16 it is slower than looped, and tuning leaves it). The ``split_looped``
-  implementation, for 2-byte logits, splits a row the same way into segments of 16K or 32K classes that each
+  implementation, for 2-byte logits, splits a row the same way into segments of 16K classes that each
   program streams twice: about ``3*N*C*b`` again, but between a segment's two reads only a segment a program is
   in flight, so the second read comes from L2 (bf16 at 128K-256K classes on an H100: 860-884 us against
   looped's 981-1040). ``"mean"`` first runs one program summing the ``N`` target weights, the gradient's
@@ -335,32 +335,27 @@ def _forward_with_grad_split_looped(
     )  # fmt: skip
 
 
-# split_looped: a program a segment of BLOCK_N columns, read STREAM_N at a time. The configurations timed on an H100
-# (benchmarks/results/h100/ce-split-looped-cc1334d): the fastest at bf16 128K and 256K classes took segments of
-# 16384, reads of 4096 and 8 warps; segments of 32768 were 13 to 15 % slower, of 65536 and 2048 slower still, reads
-# of 1024 14 to 17 %. 2-byte logits only: in float32 it was 36 % slower than split_rows at 4096x128256.
-SPLIT_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(16384, 32768), STREAM_N=(4096,), num_warps=(4, 8), NUM_STAGES=(3,))
+# split_looped (rowwise.split_looped_impl): a program a segment of BLOCK_N columns, read STREAM_N at a time. The
+# configurations timed on an H100 (benchmarks/results/h100/ce-split-looped-cc1334d): the fastest at bf16 128K and
+# 256K classes took segments of 16384, reads of 4096 (a quarter, as the forwards' fastest) and 8 warps; segments of
+# 32768 were 13 to 15 % slower, of 65536 and 2048 slower still, reads of 1024 14 to 17 %. 2-byte logits only: in
+# float32 it was 36 % slower than split_rows at 4096x128256. Offered for rows longer than one block, where the
+# looped kernel reads a row twice from memory.
+SPLIT_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(16384,), STREAM_N=(4096,), num_warps=(4, 8), NUM_STAGES=(3,))
 SPLIT_LOOPED_DEFAULT: Config = {"BLOCK_N": 16384, "STREAM_N": 4096, "num_warps": 8, "NUM_STAGES": 3}
 
 
 def _split_looped_impl() -> TritonImpl:
-    def supports(logits: torch.Tensor, *args: Any) -> str | None:
-        n = _n_cols(logits)
-        if n <= rowwise.MAX_SINGLE_BLOCK:
-            return f"rows of {n} fit one block (at most {rowwise.MAX_SINGLE_BLOCK}): single_block reads them once"
-        if logits.dtype.itemsize != 2:  # the logits', not the weight's (a float32 weight with bf16 logits is fine)
-            return f"{logits.dtype} logits: split_rows, holding more bytes of a row a program, is faster there"
-        return None
-
-    def prune(config: Config, logits: torch.Tensor, *args: Any) -> bool:
-        return config["STREAM_N"] <= config["BLOCK_N"] < _n_cols(logits)
-
-    return TritonImpl(
-        "split_looped", _forward_with_grad_split_looped,
+    return rowwise.split_looped_impl(
+        _forward_with_grad_split_looped,
         (CROSS_ENTROPY_BWD_SCALE, CROSS_ENTROPY_FWD_GRAD_SPLIT_LOOPED, CROSS_ENTROPY_REDUCE),
-        dtypes=DTYPES, supports=supports, configs=SPLIT_LOOPED_CONFIGS,
-        default_config=SPLIT_LOOPED_DEFAULT, prune=prune,
-    )  # fmt: skip
+        lambda logits, *args: _n_cols(logits),
+        above=rowwise.MAX_SINGLE_BLOCK,
+        configs=SPLIT_LOOPED_CONFIGS,
+        default_config=SPLIT_LOOPED_DEFAULT,
+        dtypes=DTYPES,
+        x_name="logits",
+    )
 
 
 def _forward_launchers(returns: str) -> tuple[Any, Any]:

@@ -338,10 +338,11 @@ def _forward_with_grad_split_looped(
 # split_looped (rowwise.split_looped_impl): a program a segment of BLOCK_N columns, read STREAM_N at a time. The
 # configurations timed on an H100 (benchmarks/results/h100/ce-split-looped-cc1334d): the fastest at bf16 128K and
 # 256K classes took segments of 16384, reads of 4096 (a quarter, as the forwards' fastest) and 8 warps; segments of
-# 32768 were 13 to 15 % slower, of 65536 and 2048 slower still, reads of 1024 14 to 17 %. 2-byte logits only: in
-# float32 it was 36 % slower than split_rows at 4096x128256. Offered for rows longer than one block, where the
-# looped kernel reads a row twice from memory.
-SPLIT_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(16384,), STREAM_N=(4096,), num_warps=(4, 8), NUM_STAGES=(3,))
+# 32768 were 13 to 15 % slower, of 65536 and 2048 slower still, reads of 1024 14 to 17 %. 16 warps, where the
+# forwards' split_looped was fastest, hold 39 registers a thread against 8 warps' 63 (sm_90): 48 warps a
+# multiprocessor against 32. 2-byte logits only: in float32 it was 36 % slower than split_rows at 4096x128256.
+# Offered for rows longer than one block, where the looped kernel reads a row twice from memory.
+SPLIT_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(16384,), STREAM_N=(4096,), num_warps=(4, 8, 16), NUM_STAGES=(3,))
 SPLIT_LOOPED_DEFAULT: Config = {"BLOCK_N": 16384, "STREAM_N": 4096, "num_warps": 8, "NUM_STAGES": 3}
 
 

@@ -1030,9 +1030,8 @@ def test_split_looped_takes_two_byte_logits_of_rows_longer_than_a_segment() -> N
     tensors = [v for v in long if isinstance(v, torch.Tensor)]
     assert cross_entropy_with_grad._refusal(split_looped, long, tensors) is None, "the float32 weight is no refusal"
     kept = [dict(c) for c in split_looped.configs if split_looped.prune(c, *long)]
-    assert kept and all(c["BLOCK_N"] == 16384 and c["STREAM_N"] == 4096 for c in kept)
-    short_segments = _args(torch.randn(2, 16385, dtype=torch.bfloat16), labels, None, 0.0, "mean")
-    assert [dict(c) for c in split_looped.configs if split_looped.prune(c, *short_segments)] == kept
+    assert kept and all(c["STREAM_N"] * 4 == c["BLOCK_N"] < 20000 for c in kept)
+    assert {c["BLOCK_N"] for c in kept} == {8192, 16384} and split_looped.default_config in kept
 
 
 def test_forward_with_grad_matches_torch_autograd_in_float64() -> None:

@@ -335,15 +335,15 @@ def _forward_with_grad_split_looped(
     )  # fmt: skip
 
 
-# split_looped (rowwise.split_looped_impl): a program a segment of BLOCK_N columns, read STREAM_N at a time. The
-# configurations timed on an H100 (benchmarks/results/h100/ce-split-looped-cc1334d): the fastest at bf16 128K and
-# 256K classes took segments of 16384, reads of 4096 (a quarter, as the forwards' fastest) and 8 warps; segments of
-# 32768 were 13 to 15 % slower, of 65536 and 2048 slower still, reads of 1024 14 to 17 %. 16 warps, where the
-# forwards' split_looped was fastest, hold 39 registers a thread against 8 warps' 63 (sm_90): 48 warps a
-# multiprocessor against 32. 2-byte logits only: in float32 it was 36 % slower than split_rows at 4096x128256.
-# Offered for rows longer than one block, where the looped kernel reads a row twice from memory.
-SPLIT_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(16384,), STREAM_N=(4096,), num_warps=(4, 8, 16), NUM_STAGES=(3,))
-SPLIT_LOOPED_DEFAULT: Config = {"BLOCK_N": 16384, "STREAM_N": 4096, "num_warps": 8, "NUM_STAGES": 3}
+# split_looped (rowwise.split_looped_impl): a program a segment of BLOCK_N columns, read STREAM_N at a time. Timed on
+# an H100 at every configuration of a wider space (benchmarks/results/h100/ce-split-looped-wide-96385aa/, bf16): the
+# fastest at 128K and 256K classes read a quarter segment at a time with 4 warps and one stage in flight, segments
+# of 16384 (830 us at both) or 8192 (835-841), 6 and 3 % faster than the earlier best (16384, 8 warps, 3 stages: 884
+# and 858, also kept); 16 warps were 11 to 25 % slower, segments of 32768 6 %. 2-byte logits only: in float32 it was
+# 36 % slower than split_rows at 4096x128256 (benchmarks/results/h100/ce-split-looped-cc1334d). Offered for rows
+# longer than one block, where the looped kernel reads a row twice from memory.
+SPLIT_LOOPED_CONFIGS = ConfigSpace(BLOCK_N=(8192, 16384), STREAM_N=(2048, 4096), num_warps=(4, 8), NUM_STAGES=(1, 3))
+SPLIT_LOOPED_DEFAULT: Config = {"BLOCK_N": 16384, "STREAM_N": 4096, "num_warps": 4, "NUM_STAGES": 1}
 
 
 def _split_looped_impl() -> TritonImpl:

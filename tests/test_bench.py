@@ -750,6 +750,42 @@ def test_a_case_a_worker_cannot_compile_is_reported_and_the_rest_go_on() -> None
     assert lines[0].startswith("failed softmax float32 [-1, 8]: ") and lines[1] == "ok softmax float32 [2, 8]"
 
 
+def test_a_step_out_of_device_memory_is_tried_again_then_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that runs out of device memory (other workers' peaks) is tried again, up to OOM_RETRIES times after the
+    first: one that then succeeds counts as compiled; one that never does is a failed line naming the error. Other
+    errors are not retried."""
+    from kernelgate.bench import precompile as module
+
+    calls: dict[str, int] = {}
+
+    def steps(jobs: dict[str, Any], spec: Any, *args: Any) -> list[tuple[str, Callable[[], Any]]]:
+        def step() -> None:
+            calls[spec.op] = calls.get(spec.op, 0) + 1
+            if spec.op == "rms_norm" or (spec.op == "softmax" and calls[spec.op] == 1):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1000.00 MiB.")
+            if spec.op == "layer_norm":
+                raise ValueError("not a memory error")
+
+        return [("kernelgate", step)]
+
+    monkeypatch.setattr(module, "_case_steps", steps)
+    monkeypatch.setattr(module, "OOM_WAIT_S", 0.0)
+    jobs = {
+        "device": "cpu",
+        "backward": False,
+        "backend": None,
+        "cases": [["softmax", "float32", [2, 8]], ["rms_norm", "float32", [2, 8]], ["layer_norm", "float32", [2, 8]]],
+    }
+    lines = compile_cases(jobs)
+    assert lines[0] == "ok softmax float32 [2, 8]"
+    assert lines[1] == (
+        "failed rms_norm float32 [2, 8]: kernelgate: OutOfMemoryError: CUDA out of memory. "
+        "Tried to allocate 1000.00 MiB."
+    )
+    assert lines[2] == "failed layer_norm float32 [2, 8]: kernelgate: ValueError: not a memory error"
+    assert calls == {"softmax": 2, "rms_norm": 1 + module.OOM_RETRIES, "layer_norm": 1}
+
+
 def test_a_worker_asked_for_kernelgate_and_liger_leaves_the_settings_and_the_decisions_as_they_were(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

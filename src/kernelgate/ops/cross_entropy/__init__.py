@@ -26,8 +26,8 @@ Memory traffic, for ``N x C`` logits of ``b`` bytes each:
   copy against looped's 0.66; in bf16 it is slower than looped, and tuning leaves it). The ``split_looped``
   implementation, for 2-byte logits, splits a row the same way into segments of 16K classes that each
   program streams twice: about ``3*N*C*b`` again, but between a segment's two reads only a segment a program is
-  in flight, so the second read comes from L2 (bf16 at 128K-256K classes on an H100: 860-884 us against
-  looped's 981-1040). ``"mean"`` first runs one program summing the ``N`` target weights, the gradient's
+  in flight, so the second read comes from L2 (bf16 at 128K-256K classes on an H100: 830 us against
+  looped's 983-1041). ``"mean"`` first runs one program summing the ``N`` target weights, the gradient's
   divisor. The backward
   (``cross_entropy_backward_into``) is one launch (two for ``"mean"``) whose programs read the incoming
   gradient and return at once where it is 1, as for ``loss.backward()``: no pass over memory. For

@@ -21,6 +21,11 @@ def gpu_available() -> bool:
     return torch.cuda.is_available() and backend.status().gpu
 
 
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    """A dtype parameter's id is its name (``float32``, not ``dtype0``), so ``-k "float32"`` selects its cases."""
+    return str(val).removeprefix("torch.") if isinstance(val, torch.dtype) else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if gpu_available():
         return

@@ -970,7 +970,9 @@ def run(
                     f"; its kernels compiled ahead by worker processes ({ahead.compiled} of {ahead.jobs} cases)"
                 )
             if console is not None:
-                console.print(f"{ahead} ({workers} worker processes)")
+                helpers = ahead.compile_processes
+                each = f", each with {helpers} compile processes for kernelgate's candidates" if helpers else ""
+                console.print(f"{ahead} ({workers} worker processes{each})")
         runner = _Runner(
             device,
             timing,

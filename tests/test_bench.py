@@ -831,27 +831,20 @@ def test_cases_sharing_kernels_go_to_one_worker(monkeypatch: pytest.MonkeyPatch)
     from kernelgate.bench import precompile as module
 
     dealt: list[list[Any]] = []
-    helpers: list[int] = []
-
-    def record(jobs: dict[str, Any]) -> None:
-        dealt.append(jobs["cases"])
-        helpers.append(jobs["compile_processes"])
 
     class Recorder:
         def __init__(self, argv: list[str], stdin: Any, stdout: Any, **kwargs: Any) -> None:
             self.stdin, self.stdout = io.StringIO(), stdout
-            self.stdin.close = lambda: record(json.loads(self.stdin.getvalue()))  # type: ignore[method-assign]
+            self.stdin.close = lambda: dealt.append(json.loads(self.stdin.getvalue())["cases"])  # type: ignore[method-assign]
 
         def wait(self, timeout: float) -> int:
             return 0
 
     monkeypatch.setattr(module.subprocess, "Popen", Recorder)
-    monkeypatch.setattr(module, "usable_cpus", lambda: 8)
     spec = bench.spec_for("softmax")
     cases = [("float32", bench.Case(shape)) for shape in ((8, 4096), (1, 4096), (8, 1024), (2, 4096), (8, 512))]
     done = precompile([(spec, cases)], torch.device("cpu"), backward=False, workers=2, backend=None, kernelgate=True)
     assert sorted(len(share) for share in dealt) == [2, 3]
-    assert helpers == [4, 4] and done.compile_processes == 4, "the 7 CPUs left by the run, shared by the 2 workers"
     assert [
         ["softmax", "float32", [8, 4096]],
         ["softmax", "float32", [1, 4096]],
@@ -938,44 +931,16 @@ def test_default_precompile_workers_follow_the_cpus_and_the_device_memory(
     assert default_workers(torch.device("cpu")) == max(1, min(16, cpus - 1)), "off a GPU the CPUs alone decide"
 
 
-@pytest.mark.parametrize(
-    ("cpus", "workers", "expected"),
-    [
-        (16, 9, 2),  # the H100 machine: 9 workers (80 GB at 8 GiB each) and 15 CPUs for them
-        (16, 15, 0),  # the H200 machine: a worker for each CPU, so each compiles its own
-        (16, 8, 2),
-        (64, 10, 6),
-        (2, 1, 0),  # one CPU for the one worker
-        (1, 1, 0),
-    ],
-)
-def test_precompile_workers_share_the_idle_cpus_as_compile_processes(
-    monkeypatch: pytest.MonkeyPatch, cpus: int, workers: int, expected: int
-) -> None:
-    """The CPUs left by the run, shared among the workers and rounded; none where a worker would get fewer than 2."""
-    from kernelgate.bench import precompile as module
-
-    monkeypatch.setattr(module, "usable_cpus", lambda: cpus)
-    assert module.compile_processes(workers) == expected
-
-
 # --- on the GPU ----------------------------------------------------------------------------------
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("helpers", [0, 2], ids=["in-the-worker", "2-compile-processes"])
-def test_gpu_tuning_after_the_precompile_workers_compiles_nothing(
-    triton_cache: Path, monkeypatch: pytest.MonkeyPatch, helpers: int
-) -> None:
+def test_gpu_tuning_after_the_precompile_workers_compiles_nothing(triton_cache: Path) -> None:
     """On the GPU: after the workers called kernelgate's softmax on a case, forward and forward+backward, with a
-    fresh Triton cache (the candidates compiled by the worker itself, or by its compile processes), tuning the
-    forward's and the backward's buckets in this process compiles no kernel: every candidate's was in the cache (the
-    decisions' gate_kernels say 0 compiled)."""
-    from kernelgate.bench import precompile as module
-
-    monkeypatch.setattr(module, "compile_processes", lambda workers: helpers)
+    fresh Triton cache, tuning the forward's and the backward's buckets in this process compiles no kernel: every
+    candidate's was in the cache (the decisions' gate_kernels say 0 compiled)."""
     spec, device = bench.spec_for("softmax"), torch.device("cuda")
-    case = bench.Case((96, 1000 + helpers))  # rows of 1000 and 1002: lengths no other test tunes
+    case = bench.Case((96, 1000))  # rows of 1000: a length no other test tunes
     done = precompile([(spec, [("float32", case)])], device, backward=True, workers=1, backend=None, kernelgate=True)
     assert (done.jobs, done.compiled, done.failed) == (1, 1, 0), str(done)
     fwd_args, bwd_args = bench_runner.case_args(spec, torch.float32, case, device)

@@ -166,74 +166,36 @@ def _as_if_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> str:
     return "cpu"
 
 
-@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "2-workers"])
 def test_an_untuned_bucket_compiles_its_candidates_for_a_later_process(
-    triton_cache: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+    triton_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Within compiling_untuned_buckets and with tuning off, planning a new bucket compiles every candidate of it
-    into Triton's cache (in this process, or in the worker processes the block was given), decides and caches
-    nothing, and a process that then tunes the bucket loads every kernel from the cache. explain() compiles
-    nothing."""
+    into Triton's cache, decides and caches nothing, and a process that then tunes the bucket loads every kernel
+    from the cache. explain() compiles nothing."""
     from kernelgate.ops.softmax import softmax
     from kernelgate.selection import _candidate_launches
 
     device = _as_if_on_a_gpu(monkeypatch)
-    monkeypatch.setattr(compile_ahead, "_pool", compile_ahead._Pool())
     kernelgate.configure(tune=False)
     x = torch.randn(8, 200, device=device)  # rows of 200: a length no other test compiles
-    eligible, _ = softmax._eligible((x, -1), x.device, "auto", False)
-    _forget_compiled(eligible)  # another case of this test may have compiled them in this process
-    with compile_ahead.compiling_untuned_buckets(workers), compile_ahead.count_compiles() as here:
+    with compile_ahead.compiling_untuned_buckets():
         assert compile_ahead.compiling_untuned()
         kernelgate.softmax.explain(torch.randn(8, 232, device=device), -1)
         assert not triton_cache.exists() or not any(triton_cache.rglob("*.cubin")), "explain() compiles nothing"
         plan = softmax.plan(x, -1)
     assert not compile_ahead.compiling_untuned()
-    assert here is not None
-    if workers:  # the workers compiled every kernel; this process compiled none (and loaded none: it had no need)
-        assert (here.compiled, here.loaded) == (0, 0), str(here)
-        assert len(compile_ahead._pool.idle) == workers
-    else:
-        assert here.compiled > 1 and here.loaded == 0, str(here)
     assert plan.reason is kernelgate.Reason.DEFAULT_CONFIG, plan
+    eligible, _ = softmax._eligible((x, -1), x.device, "auto", False)
     launches = _candidate_launches(softmax, (x, -1), eligible)
     kernels = len({p for p in triton_cache.rglob("*.cubin")})
     assert len(launches) > kernels > 1, "every candidate's kernel was compiled (several share one)"
     assert f"; {kernels} of its candidates' {kernels} kernels compiled ahead" in plan.detail, plan.detail
     kernelgate.configure(tune=True)
     assert softmax.explain(x, -1).reason is kernelgate.Reason.DEFAULT_CONFIG, "no decision was cached"
-    _forget_compiled(eligible)  # as a new process: nothing in memory, so Triton looks in its cache
+    for impl in eligible:  # as a new process: nothing in memory, so Triton looks in its cache
+        for kernel in impl.kernels:
+            kernel.resolve().device_caches.clear()
     with compile_ahead.count_compiles() as count:
         again = compile_ahead.compile_here(launches)
     assert (again.jobs, again.compiled) == (kernels, kernels)
     assert count is not None and (count.compiled, count.loaded) == (0, kernels), str(count)
-
-
-def test_untuned_buckets_compile_in_the_process_where_its_workers_fail(
-    triton_cache: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Workers that cannot run (an interpreter that exits at once) leave compile_untuned to compile every kernel in
-    this process, so a precompile worker still fills the cache."""
-    from kernelgate.ops.softmax import softmax
-    from kernelgate.selection import _candidate_launches
-
-    device = _as_if_on_a_gpu(monkeypatch)
-    monkeypatch.setattr(compile_ahead, "_pool", compile_ahead._Pool())
-    monkeypatch.setattr(compile_ahead.sys, "executable", "/bin/false")
-    x = torch.randn(4, 136, device=device)  # rows of 136: a length no other test compiles
-    eligible, _ = softmax._eligible((x, -1), x.device, "auto", False)
-    _forget_compiled(eligible)
-    launches = _candidate_launches(softmax, (x, -1), eligible)
-    with compile_ahead.compiling_untuned_buckets(2), compile_ahead.count_compiles() as here:
-        outcome = compile_ahead.compile_untuned(launches)
-    assert compile_ahead._pool.broken is not None, "the workers did not run"
-    kernels = len({p for p in triton_cache.rglob("*.cubin")})
-    assert outcome.jobs == outcome.compiled == kernels > 1, (outcome, kernels)
-    assert here is not None and here.compiled == kernels, str(here)
-
-
-def _forget_compiled(impls: Any) -> None:
-    """Drop ``impls``' kernels from this process's memory, so Triton asks its on-disk cache (or compiles) again."""
-    for impl in impls:
-        for kernel in impl.kernels:
-            kernel.resolve().device_caches.clear()

@@ -15,10 +15,10 @@ compile, for whatever reason, is compiled by the gate's own launch, as it would 
 ``KERNELGATE_COMPILE_WORKERS`` sets how many workers run (0: compile in the tuning process only).
 
 A process can also compile ahead for a later one: within :func:`compiling_untuned_buckets`, with tuning off,
-each call that meets a bucket with no decision compiles every candidate of that bucket (:func:`compile_untuned`:
-in this process, or in the workers the block was given) and then runs untuned, as tuning off does.
-``kernelgate bench``'s worker processes do that for the whole run (:mod:`kernelgate.bench.precompile`), so the
-run's tuning finds its kernels in Triton's cache instead of compiling them bucket by bucket.
+each call that meets a bucket with no decision compiles every candidate of that bucket in this process
+(:func:`compile_here`) and then runs untuned, as tuning off does. ``kernelgate bench``'s worker processes do
+that for the whole run (:mod:`kernelgate.bench.precompile`), so the run's tuning finds its kernels in Triton's
+cache instead of compiling them bucket by bucket.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ __all__ = [
     "collect_jobs",
     "compile_ahead",
     "compile_here",
-    "compile_untuned",
     "compiling_untuned",
     "compiling_untuned_buckets",
     "count_compiles",
@@ -91,23 +90,18 @@ def default_workers() -> int:
 
 # Set by compiling_untuned_buckets: process-wide, since a backward runs on autograd's device thread.
 _untuned_compiles = 0
-_untuned_workers = 0
 
 
 @contextlib.contextmanager
-def compiling_untuned_buckets(workers: int = 0) -> Iterator[None]:
+def compiling_untuned_buckets() -> Iterator[None]:
     """Within the block, a call with tuning off that meets a bucket with no decision first compiles all of the
-    bucket's candidates (see the module's docstring), on every thread: in ``workers`` worker processes, or with 0
-    in this process (see :func:`compile_untuned`)."""
-    global _untuned_compiles, _untuned_workers
-    previous = _untuned_workers
+    bucket's candidates in this process (see the module's docstring); on every thread."""
+    global _untuned_compiles
     _untuned_compiles += 1
-    _untuned_workers = workers
     try:
         yield
     finally:
         _untuned_compiles -= 1
-        _untuned_workers = previous
 
 
 def compiling_untuned() -> bool:
@@ -377,23 +371,6 @@ def compile_here(launches: Sequence[Callable[[], object]]) -> Outcome:
     start = time.monotonic()
     unique = _collect(launches)
     return Outcome(len(unique), sum(_compile_job(job) is None for job in unique), time.monotonic() - start)
-
-
-def compile_untuned(launches: Sequence[Callable[[], object]]) -> Outcome:
-    """Compile what each of ``launches`` would compile, for :func:`compiling_untuned_buckets`: in the worker
-    processes the block was given (:func:`compile_ahead`), then here whatever they did not compile; all of it here
-    when it was given none.
-
-    A process whose own compiling is one CPU of several (``kernelgate bench``'s precompile workers, each bound by
-    its share of the device's memory) so keeps the machine's other CPUs busy; waiting on its workers, it uses none.
-    """
-    if _untuned_workers > 0 and _pool.broken is None:
-        ahead = compile_ahead(launches, _untuned_workers)
-        if ahead.jobs and ahead.compiled == ahead.jobs:
-            return ahead
-        here = compile_here(launches)  # what the workers compiled, this process loads from the cache
-        return Outcome(here.jobs, here.compiled, ahead.seconds + here.seconds)
-    return compile_here(launches)
 
 
 def _compile_job(job: CompileJob) -> str | None:

@@ -53,7 +53,7 @@ from kernelgate.dispatch import (
 from kernelgate.errors import CacheWarning, DeclarationError, InputTypeError, TritonUnavailableError, user_stacklevel
 from kernelgate.launch import LazyKernel, Unsupported, call_state, kernel_source
 from kernelgate.library import Backward
-from kernelgate.selection import clone_args, compile_untuned_candidates, device_step_us, time_autograd_step, tune
+from kernelgate.selection import clone_args, compile_candidates_here, device_step_us, time_autograd_step, tune
 from kernelgate.settings import Mode, Settings, parse_mode, settings
 
 __all__ = ["HALF_AND_FLOAT", "Op", "StepRoute", "TritonImpl", "get_op", "registered_ops"]
@@ -447,7 +447,7 @@ class Op:
             elif not current.tune:
                 detail = "tuning is off (KERNELGATE_TUNE=off)"
                 if allow_tune and compiling_untuned() and not interpret:
-                    compiled = compile_untuned_candidates(self, values, eligible)
+                    compiled = compile_candidates_here(self, values, eligible)
                     detail += f"; {compiled.compiled} of its candidates' {compiled.jobs} kernels compiled ahead"
             else:
                 detail = "no decision is cached for this bucket yet; the first call tunes it"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kernelgate.compile_ahead import Outcome, compile_ahead, compile_untuned, count_compiles, default_workers
+from kernelgate.compile_ahead import Outcome, compile_ahead, compile_here, count_compiles, default_workers
 from kernelgate.config import Config, config_label
 from kernelgate.dispatch import Reason
 from kernelgate.launch import Unsupported, call_state
@@ -38,7 +38,7 @@ __all__ = [
     "CandidateResult",
     "Mismatch",
     "compare",
-    "compile_untuned_candidates",
+    "compile_candidates_here",
     "float64_truth",
     "output_tensors",
     "per_call_us",
@@ -462,10 +462,10 @@ def _compile_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonI
     return compile_ahead(_candidate_launches(op, values, impls), default_workers() if workers is None else workers)
 
 
-def compile_untuned_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> Outcome:
-    """Compile every candidate's kernels for ``values``' bucket, tuning nothing (see
+def compile_candidates_here(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> Outcome:
+    """Compile every candidate's kernels for ``values``' bucket in this process, tuning nothing (see
     :func:`kernelgate.compile_ahead.compiling_untuned_buckets`)."""
-    return compile_untuned(_candidate_launches(op, values, impls))
+    return compile_here(_candidate_launches(op, values, impls))
 
 
 def _time_passing(

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from kernelgate.bench.specs import BenchSpec
     from kernelgate.bench.suite import Case
 
-__all__ = ["MAX_WORKERS", "WORKER_DEVICE_BYTES", "Precompiled", "compile_processes", "default_workers", "precompile"]
+__all__ = ["MAX_WORKERS", "WORKER_DEVICE_BYTES", "Precompiled", "default_workers", "precompile"]
 
 # Worker processes: each holds a CUDA context (about 0.5 GB of device memory) and one core, and while it
 # compiles a case, that case's inputs and its compiled step's memory: up to a few GiB at the default suite's
@@ -81,29 +81,13 @@ def default_workers(device: torch.device) -> int:
     return max(1, int(workers))
 
 
-def compile_processes(workers: int) -> int:
-    """Compile processes each of ``workers`` workers gives its kernelgate candidates to: the CPUs this process may
-    use, less one for the run, shared among the workers, rounded; 0 (each compiles its own) where that is under 2.
-
-    A worker waits while its compile processes work, so they take its CPU; the torch.compile graphs it compiles
-    itself. Where the device's memory limits the workers (9 on the H100 machine's 16 CPUs) the other CPUs
-    would otherwise sit idle through the candidates' compiling.
-
-    >>> compile_processes(usable_cpus())
-    0
-    """
-    share = round((usable_cpus() - 1) / max(1, workers))
-    return share if share >= 2 else 0
-
-
 class Precompiled:
     """What :func:`precompile` did: ``seconds`` spent, ``jobs`` given out, how many were ``compiled``
     and how many ``failed`` (the run compiles whatever is missing itself, and reports any failure in
     its rows; a worker that died or ran out of time answers for none of its jobs); ``parts``: what was
     compiled ahead (torch.compile's graphs, kernelgate's candidates, Liger-Kernel's kernels); ``failed_by``: of the
     failed cases, how many failed in each part (Liger-Kernel refusing a shape is one); ``first_failure``: the first
-    failed case and its error as its worker wrote them (at most 300 characters), shown after the counts;
-    ``compile_processes``: each worker's (see :func:`compile_processes`)."""
+    failed case and its error as its worker wrote them (at most 300 characters), shown after the counts."""
 
     def __init__(
         self,
@@ -114,10 +98,8 @@ class Precompiled:
         parts: Sequence[str] = ("torch.compile",),
         failed_by: Mapping[str, int] | None = None,
         first_failure: str = "",
-        compile_processes: int = 0,
     ) -> None:
         self.seconds, self.jobs, self.compiled, self.failed = seconds, jobs, compiled, failed
-        self.compile_processes = compile_processes
         self.parts = tuple(parts)
         self.failed_by = dict(failed_by or {})
         self.first_failure = first_failure
@@ -152,8 +134,7 @@ def precompile(
     first to the worker with the fewest cases so far, and each compiles the
     forward and, with ``backward``, the forward+backward step as the run calls them: with torch.compile and
     ``backend`` (only inductor's graphs are cached across processes; another backend serves tests of this
-    plumbing; ``None``: not compiled), with ``kernelgate``'s candidates (each worker in its
-    :func:`compile_processes`), with ``liger``'s kernels.
+    plumbing; ``None``: not compiled), with ``kernelgate``'s candidates, with ``liger``'s kernels.
     """
     cases = [(spec.op, dtype, list(case.shape)) for spec, op_cases in plan for dtype, case in op_cases]
     specs = {spec.op: spec for spec, _ in plan}
@@ -169,7 +150,6 @@ def precompile(
         for name, wanted in (("torch.compile", backend), ("kernelgate", kernelgate), ("Liger-Kernel", liger))
         if wanted
     ]
-    helpers = compile_processes(len(dealt)) if kernelgate else 0
     start = time.perf_counter()
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     compiled = failed = 0
@@ -183,7 +163,6 @@ def precompile(
                 "backward": backward,
                 "backend": backend,
                 "kernelgate": kernelgate,
-                "compile_processes": helpers,
                 "liger": liger,
                 "cases": share,
             }
@@ -214,9 +193,7 @@ def precompile(
                     first_failure = first_failure or line.removeprefix("failed ").strip()
                     for part in failed_by:
                         failed_by[part] += f": {part}: " in line or f"; {part}: " in line
-    return Precompiled(
-        time.perf_counter() - start, len(cases), compiled, failed, parts, failed_by, first_failure, helpers
-    )
+    return Precompiled(time.perf_counter() - start, len(cases), compiled, failed, parts, failed_by, first_failure)
 
 
 def compile_cases(jobs: dict[str, Any]) -> list[str]:
@@ -241,7 +218,7 @@ def compile_cases(jobs: dict[str, Any]) -> list[str]:
             stack.callback(configure, **dataclasses.asdict(settings()))
             configure(tune=False, warn_fallback=False, log_path=None, cache_dir=Path(scratch))
             stack.enter_context(use_mode("auto"))
-            stack.enter_context(compiling_untuned_buckets(jobs.get("compile_processes", 0)))
+            stack.enter_context(compiling_untuned_buckets())
         for name, dtype, shape in jobs["cases"]:
             spec = specs[name]
             try:

@@ -970,9 +970,7 @@ def run(
                     f"; its kernels compiled ahead by worker processes ({ahead.compiled} of {ahead.jobs} cases)"
                 )
             if console is not None:
-                helpers = ahead.compile_processes
-                each = f", each with {helpers} compile processes for kernelgate's candidates" if helpers else ""
-                console.print(f"{ahead} ({workers} worker processes{each})")
+                console.print(f"{ahead} ({workers} worker processes)")
         runner = _Runner(
             device,
             timing,

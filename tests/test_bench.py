@@ -11,6 +11,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -746,8 +748,10 @@ def test_a_case_a_worker_cannot_compile_is_reported_and_the_rest_go_on() -> None
         "backend": "eager",
         "cases": [["softmax", "float32", [-1, 8]], ["softmax", "float32", [2, 8]]],
     }
-    lines = compile_cases(jobs)
+    part_seconds: dict[str, float] = {}
+    lines = compile_cases(jobs, part_seconds)
     assert lines[0].startswith("failed softmax float32 [-1, 8]: ") and lines[1] == "ok softmax float32 [2, 8]"
+    assert list(part_seconds) == ["torch.compile"] and part_seconds["torch.compile"] > 0, part_seconds
 
 
 def test_a_step_out_of_device_memory_is_tried_again_then_reported(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -879,9 +883,52 @@ def test_the_precompile_summary_names_the_part_each_failure_was_in(monkeypatch: 
     assert (done.jobs, done.compiled, done.failed) == (3, 1, 2)
     assert str(done).startswith("torch.compile, Liger-Kernel ahead: 1 of 3 case(s) compiled in ")
     assert str(done).endswith(
-        " s, 2 failed (torch.compile 1, Liger-Kernel 2); the first: softmax float32 [8, 32]: Liger-Kernel: "
+        " s by 1 worker process, 2 failed (torch.compile 1, Liger-Kernel 2); the first: softmax float32 [8, 32]: "
+        "Liger-Kernel: "
         "RuntimeError: n exceeds the block size"
     ), str(done)
+
+
+def test_the_precompile_summary_adds_up_the_workers_time_in_each_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each worker's last line gives its seconds in each part; the summary shows them summed over the workers, so a
+    run's console says where the precompile's time went."""
+    from kernelgate.bench import precompile as module
+
+    spent = iter([{"torch.compile": 10.4, "kernelgate": 20.2}, {"torch.compile": 5.3, "kernelgate": 30.1}])
+
+    class Worker:
+        def __init__(self, argv: list[str], stdin: Any, stdout: Any, **kwargs: Any) -> None:
+            self.stdin, self.stdout = io.StringIO(), stdout
+            self.replies = ["ok softmax float32 [8, 16]\n", f"seconds {json.dumps(next(spent))}\n"]
+
+        def wait(self, timeout: float) -> int:
+            self.stdout.writelines(self.replies)
+            return 0
+
+    monkeypatch.setattr(module.subprocess, "Popen", Worker)
+    spec = bench.spec_for("softmax")
+    cases = [("float32", bench.Case((8, 16))), ("float32", bench.Case((8, 32)))]
+    done = precompile([(spec, cases)], torch.device("cpu"), backward=False, workers=2, kernelgate=True)
+    assert (done.jobs, done.compiled, done.failed) == (2, 2, 0)
+    assert done.part_seconds == pytest.approx({"torch.compile": 15.7, "kernelgate": 50.3})
+    assert str(done).endswith(" s by 2 worker processes (their time: torch.compile 16 s, kernelgate 50 s)"), str(done)
+
+
+def test_a_worker_reports_its_seconds_in_each_part_last() -> None:
+    """The worker's entry point prints a line per case, then its seconds in each part as JSON."""
+    jobs = {"device": "cpu", "backward": False, "backend": "eager", "cases": [["softmax", "float32", [2, 8]]]}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    worker = subprocess.run(
+        [sys.executable, "-m", "kernelgate.bench.precompile"],
+        input=json.dumps(jobs),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    lines = worker.stdout.splitlines()
+    assert worker.returncode == 0 and lines[0] == "ok softmax float32 [2, 8]", worker.stdout + worker.stderr
+    assert lines[1].startswith("seconds ") and list(json.loads(lines[1].removeprefix("seconds "))) == ["torch.compile"]
 
 
 def test_a_worker_out_of_time_is_stopped_and_its_cases_left_to_the_run() -> None:

@@ -87,7 +87,9 @@ class Precompiled:
     its rows; a worker that died or ran out of time answers for none of its jobs); ``parts``: what was
     compiled ahead (torch.compile's graphs, kernelgate's candidates, Liger-Kernel's kernels); ``failed_by``: of the
     failed cases, how many failed in each part (Liger-Kernel refusing a shape is one); ``first_failure``: the first
-    failed case and its error as its worker wrote them (at most 300 characters), shown after the counts."""
+    failed case and its error as its worker wrote them (at most 300 characters), shown after the counts;
+    ``part_seconds``: the workers' seconds in each part, summed over them (where the precompile's time goes);
+    ``workers``: how many ran."""
 
     def __init__(
         self,
@@ -98,8 +100,12 @@ class Precompiled:
         parts: Sequence[str] = ("torch.compile",),
         failed_by: Mapping[str, int] | None = None,
         first_failure: str = "",
+        part_seconds: Mapping[str, float] | None = None,
+        workers: int = 0,
     ) -> None:
         self.seconds, self.jobs, self.compiled, self.failed = seconds, jobs, compiled, failed
+        self.part_seconds = dict(part_seconds or {})
+        self.workers = workers
         self.parts = tuple(parts)
         self.failed_by = dict(failed_by or {})
         self.first_failure = first_failure
@@ -110,9 +116,12 @@ class Precompiled:
         failed = f"failed ({which})" if which else "failed"
         tail = "".join(f", {n} {what}" for n, what in ((self.failed, failed), (missing, "not answered")) if n)
         first = f"; the first: {self.first_failure}" if self.failed and self.first_failure else ""
+        by = f" by {self.workers} worker process{'es' if self.workers != 1 else ''}" if self.workers else ""
+        spent = ", ".join(f"{part} {s:.0f} s" for part, s in self.part_seconds.items())
+        spent = f" (their time: {spent})" if spent else ""
         return (
             f"{', '.join(self.parts)} ahead: {self.compiled} of {self.jobs} case(s) compiled in "
-            f"{self.seconds:.0f} s{tail}{first}"
+            f"{self.seconds:.0f} s{by}{spent}{tail}{first}"
         )
 
 
@@ -154,6 +163,7 @@ def precompile(
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     compiled = failed = 0
     failed_by = dict.fromkeys(parts, 0)  # a failing part's lines name it: "failed op dtype shape: part: error"
+    part_seconds: dict[str, float] = {}  # each worker's last line: "seconds {part: seconds, ...}"
     first_failure = ""  # what the first failed case's line says (the run's output shows it)
     with contextlib.ExitStack() as files:
         running = []
@@ -187,17 +197,32 @@ def precompile(
                 proc.wait()
             replies.seek(0)
             for line in replies:
+                if line.startswith("seconds "):
+                    for part, spent in json.loads(line.removeprefix("seconds ")).items():
+                        part_seconds[part] = part_seconds.get(part, 0.0) + spent
+                    continue
                 compiled += line.startswith("ok ")
                 if line.startswith("failed "):
                     failed += 1
                     first_failure = first_failure or line.removeprefix("failed ").strip()
                     for part in failed_by:
                         failed_by[part] += f": {part}: " in line or f"; {part}: " in line
-    return Precompiled(time.perf_counter() - start, len(cases), compiled, failed, parts, failed_by, first_failure)
+    return Precompiled(
+        time.perf_counter() - start,
+        len(cases),
+        compiled,
+        failed,
+        parts,
+        failed_by,
+        first_failure,
+        part_seconds,
+        len(running),
+    )
 
 
-def compile_cases(jobs: dict[str, Any]) -> list[str]:
-    """Compile each of ``jobs["cases"]`` as the run will call it; one line per case, ``ok`` or ``failed ...``."""
+def compile_cases(jobs: dict[str, Any], part_seconds: dict[str, float] | None = None) -> list[str]:
+    """Compile each of ``jobs["cases"]`` as the run will call it; one line per case, ``ok`` or ``failed ...``. The
+    seconds each part's steps took are added to ``part_seconds``."""
     from kernelgate.bench.runner import _dynamo_limits, case_args
     from kernelgate.bench.specs import SPECS
     from kernelgate.bench.suite import DTYPES, Case
@@ -231,10 +256,13 @@ def compile_cases(jobs: dict[str, Any]) -> list[str]:
                 continue
             failures = []
             for part, step in steps:
+                started = time.perf_counter()
                 try:
                     _run_with_memory_retries(step, device)
                 except Exception as err:
                     failures.append(f"{part}: {type(err).__name__}: {err}")
+                if part_seconds is not None:
+                    part_seconds[part] = part_seconds.get(part, 0.0) + time.perf_counter() - started
             if failures:
                 lines.append(f"failed {name} {dtype} {shape}: {'; '.join(failures)}".replace("\n", " ")[:300])
             else:
@@ -290,9 +318,11 @@ def _case_steps(
 
 
 def main() -> int:
-    """Worker entry: the jobs as JSON on stdin, one line per case on stdout."""
-    for line in compile_cases(json.load(sys.stdin)):
+    """Worker entry: the jobs as JSON on stdin, one line per case on stdout, then ``seconds`` and each part's."""
+    part_seconds: dict[str, float] = {}
+    for line in compile_cases(json.load(sys.stdin), part_seconds):
         print(line, flush=True)
+    print(f"seconds {json.dumps(part_seconds)}", flush=True)
     return 0
 
 

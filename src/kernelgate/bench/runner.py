@@ -970,7 +970,7 @@ def run(
                     f"; its kernels compiled ahead by worker processes ({ahead.compiled} of {ahead.jobs} cases)"
                 )
             if console is not None:
-                console.print(f"{ahead} ({workers} worker processes)")
+                console.print(str(ahead))
         runner = _Runner(
             device,
             timing,

@@ -24,7 +24,7 @@ Memory traffic, for ``N x C`` logits of ``b`` bytes each:
   implementation reads such a row once: it splits the row over programs that each hold a block of it in
   registers and wait for the row's others' partial sums (float32 at 128K-256K classes on the H200: 0.78 of
   copy against looped's 0.66; in bf16 it is slower than looped, and tuning leaves it). The ``split_looped``
-  implementation, for 2-byte logits, splits a row the same way into segments of 16K classes that each
+  implementation, for 2-byte logits, splits a row the same way into segments of 8K or 16K classes that each
   program streams twice: about ``3*N*C*b`` again, but between a segment's two reads only a segment a program is
   in flight, so the second read comes from L2 (bf16 at 128K-256K classes on an H100: 830 us against
   looped's 983-1041). ``"mean"`` first runs one program summing the ``N`` target weights, the gradient's

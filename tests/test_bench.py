@@ -890,16 +890,22 @@ def test_the_precompile_summary_names_the_part_each_failure_was_in(monkeypatch: 
 
 
 def test_the_precompile_summary_adds_up_the_workers_time_in_each_part(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each worker's last line gives its seconds in each part; the summary shows them summed over the workers, so a
-    run's console says where the precompile's time went."""
+    """Each worker's last lines give its own time and peak device memory, then its seconds in each part; the summary
+    shows the parts summed over the workers, the fastest and slowest worker and the largest peak, so a run's console
+    says where the precompile's time went, how evenly it was shared and what memory a worker needed."""
     from kernelgate.bench import precompile as module
 
     spent = iter([{"torch.compile": 10.4, "kernelgate": 20.2}, {"torch.compile": 5.3, "kernelgate": 30.1}])
+    workers = iter([{"seconds": 31.0, "peak_device_bytes": 3 << 29}, {"seconds": 35.6, "peak_device_bytes": 5 << 30}])
 
     class Worker:
         def __init__(self, argv: list[str], stdin: Any, stdout: Any, **kwargs: Any) -> None:
             self.stdin, self.stdout = io.StringIO(), stdout
-            self.replies = ["ok softmax float32 [8, 16]\n", f"seconds {json.dumps(next(spent))}\n"]
+            self.replies = [
+                "ok softmax float32 [8, 16]\n",
+                f"worker {json.dumps(next(workers))}\n",
+                f"seconds {json.dumps(next(spent))}\n",
+            ]
 
         def wait(self, timeout: float) -> int:
             self.stdout.writelines(self.replies)
@@ -911,11 +917,18 @@ def test_the_precompile_summary_adds_up_the_workers_time_in_each_part(monkeypatc
     done = precompile([(spec, cases)], torch.device("cpu"), backward=False, workers=2, kernelgate=True)
     assert (done.jobs, done.compiled, done.failed) == (2, 2, 0)
     assert done.part_seconds == pytest.approx({"torch.compile": 15.7, "kernelgate": 50.3})
-    assert str(done).endswith(" s by 2 worker processes (their time: torch.compile 16 s, kernelgate 50 s)"), str(done)
+    assert done.worker_seconds == [31.0, 35.6] and done.peak_device_bytes == 5 << 30
+    assert str(done).endswith(
+        " s by 2 worker processes (their time: torch.compile 16 s, kernelgate 50 s; a worker's 31 to 36 s, at most "
+        "5.0 GiB of device memory)"
+    ), str(done)
+    alone = module.Precompiled(12.0, 1, 1, 0, ["kernelgate"], worker_seconds=[11.8], workers=1)
+    assert str(alone) == "kernelgate ahead: 1 of 1 case(s) compiled in 12 s by 1 worker process (a worker's 12 s)"
 
 
-def test_a_worker_reports_its_seconds_in_each_part_last() -> None:
-    """The worker's entry point prints a line per case, then its seconds in each part as JSON."""
+def test_a_worker_reports_its_time_and_its_seconds_in_each_part_last() -> None:
+    """The worker's entry point prints a line per case, then its own time and peak device memory (none off a GPU),
+    then its seconds in each part, as JSON."""
     jobs = {"device": "cpu", "backward": False, "backend": "eager", "cases": [["softmax", "float32", [2, 8]]]}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     worker = subprocess.run(
@@ -928,7 +941,37 @@ def test_a_worker_reports_its_seconds_in_each_part_last() -> None:
     )
     lines = worker.stdout.splitlines()
     assert worker.returncode == 0 and lines[0] == "ok softmax float32 [2, 8]", worker.stdout + worker.stderr
-    assert lines[1].startswith("seconds ") and list(json.loads(lines[1].removeprefix("seconds "))) == ["torch.compile"]
+    own = json.loads(lines[1].removeprefix("worker "))
+    assert lines[1].startswith("worker ") and own["seconds"] > 0 and own["peak_device_bytes"] == 0, lines
+    assert lines[2].startswith("seconds ") and list(json.loads(lines[2].removeprefix("seconds "))) == ["torch.compile"]
+
+
+def test_a_worker_lets_a_cases_tensors_go_before_making_the_next_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When a worker makes a case's inputs, the previous case's are gone: a worker's memory holds one case at a time
+    (holding the last case's while making the next doubled a worker's peak after a large case)."""
+    import weakref
+
+    from kernelgate.bench import runner as bench_runner_module
+
+    made: list[weakref.ref[torch.Tensor]] = []
+    alive_when_made: list[int] = []
+    case_args = bench_runner_module.case_args
+
+    def tracked(*args: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        alive_when_made.append(sum(ref() is not None for ref in made))
+        fwd_args, bwd_args = case_args(*args)
+        made.extend(weakref.ref(a) for a in (*fwd_args, *bwd_args) if isinstance(a, torch.Tensor))
+        return fwd_args, bwd_args
+
+    monkeypatch.setattr(bench_runner_module, "case_args", tracked)
+    jobs = {
+        "device": "cpu",
+        "backward": True,
+        "backend": "eager",
+        "cases": [["softmax", "float32", [2, 8]], ["softmax", "float32", [4, 8]], ["rms_norm", "float32", [2, 8]]],
+    }
+    assert compile_cases(jobs) == [f"ok {op} float32 {shape}" for op, _, shape in jobs["cases"]]
+    assert len(made) >= 6 and alive_when_made == [0, 0, 0], alive_when_made
 
 
 def test_a_worker_out_of_time_is_stopped_and_its_cases_left_to_the_run() -> None:
@@ -953,8 +996,9 @@ def test_precompile_workers_are_checked_and_the_cli_leaves_the_default_to_the_mo
     [
         (16, 141, 15),  # the H200 machine: the CPUs bound it, one kept for the run
         (64, 141, 16),  # at most MAX_WORKERS
-        (64, 80, 10),  # one per 8 GiB of device memory
-        (16, 24, 3),
+        (64, 80, 13),  # one per 6 GiB of device memory
+        (16, 80, 13),  # the H100 machine: its memory bounds it
+        (16, 24, 4),
         (1, 141, 1),  # at least one
         (16, 4, 1),
     ],
@@ -962,7 +1006,7 @@ def test_precompile_workers_are_checked_and_the_cli_leaves_the_default_to_the_mo
 def test_default_precompile_workers_follow_the_cpus_and_the_device_memory(
     monkeypatch: pytest.MonkeyPatch, cpus: int, device_gib: int, expected: int
 ) -> None:
-    """One fewer than the usable CPUs, at most 16, and no more than the GPU's memory holds at 8 GiB a worker."""
+    """One fewer than the usable CPUs, at most 16, and no more than the GPU's memory holds at 6 GiB a worker."""
     from types import SimpleNamespace
 
     from kernelgate.bench import precompile as module
@@ -973,7 +1017,7 @@ def test_default_precompile_workers_follow_the_cpus_and_the_device_memory(
         "get_device_properties",
         lambda device: SimpleNamespace(total_memory=device_gib * (1 << 30)),
     )
-    assert WORKER_DEVICE_BYTES == 8 << 30
+    assert WORKER_DEVICE_BYTES == 6 << 30
     assert default_workers(torch.device("cuda", 0)) == expected
     assert default_workers(torch.device("cpu")) == max(1, min(16, cpus - 1)), "off a GPU the CPUs alone decide"
 

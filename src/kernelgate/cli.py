@@ -475,7 +475,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="processes compiling, before the run measures, torch.compile's graphs (inductor), kernelgate's tuning "
         "candidates and Liger-Kernel's kernels (GPU; 0: off; default: one fewer than the usable CPUs, at most 16 "
-        "and one per 8 GiB of GPU memory)",
+        "and one per 6 GiB of GPU memory)",
     )
     bench.add_argument("--no-liger", action="store_true", help="skip Liger-Kernel even where it is installed")
     bench.add_argument("--warmup", type=int, default=5, help="do_bench warm-up, ms (default 5)")

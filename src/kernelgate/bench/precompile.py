@@ -52,9 +52,11 @@ __all__ = ["MAX_WORKERS", "WORKER_DEVICE_BYTES", "Precompiled", "default_workers
 # Worker processes: each holds a CUDA context (about 0.5 GB of device memory) and one core, and while it
 # compiles a case, that case's inputs and its compiled step's memory: up to a few GiB at the default suite's
 # largest (cross_entropy float32 at 2048x256000, 2 GiB of logits). default_workers leaves the run's own
-# process a core and gives each worker WORKER_DEVICE_BYTES of the device's memory.
+# process a core and gives each worker WORKER_DEVICE_BYTES of the device's memory. At 8 GiB the H100 machine ran 9
+# workers on its 16 CPUs, and its precompile took 243 s (96385aa); at 6 GiB it runs 13. A worker lets a case's
+# tensors go before the next case's are made, and reports the most its allocator held (the console line's "at most").
 MAX_WORKERS = 16
-WORKER_DEVICE_BYTES = 8 << 30
+WORKER_DEVICE_BYTES = 6 << 30
 # Longest a run waits for its workers; what they have not compiled by then the run compiles itself.
 TIMEOUT_S = 300.0
 # A step that runs out of device memory is tried again this many times, after the worker frees its cached memory and
@@ -89,7 +91,9 @@ class Precompiled:
     failed cases, how many failed in each part (Liger-Kernel refusing a shape is one); ``first_failure``: the first
     failed case and its error as its worker wrote them (at most 300 characters), shown after the counts;
     ``part_seconds``: the workers' seconds in each part, summed over them (where the precompile's time goes);
-    ``workers``: how many ran."""
+    ``workers``: how many ran; ``worker_seconds``: each answering worker's own time, start to last case (how evenly
+    the cases were dealt); ``peak_device_bytes``: the most device memory one worker's allocator held at once (what a
+    worker needs, against WORKER_DEVICE_BYTES)."""
 
     def __init__(
         self,
@@ -102,10 +106,14 @@ class Precompiled:
         first_failure: str = "",
         part_seconds: Mapping[str, float] | None = None,
         workers: int = 0,
+        worker_seconds: Sequence[float] = (),
+        peak_device_bytes: int = 0,
     ) -> None:
         self.seconds, self.jobs, self.compiled, self.failed = seconds, jobs, compiled, failed
         self.part_seconds = dict(part_seconds or {})
         self.workers = workers
+        self.worker_seconds = sorted(worker_seconds)
+        self.peak_device_bytes = peak_device_bytes
         self.parts = tuple(parts)
         self.failed_by = dict(failed_by or {})
         self.first_failure = first_failure
@@ -118,10 +126,17 @@ class Precompiled:
         first = f"; the first: {self.first_failure}" if self.failed and self.first_failure else ""
         by = f" by {self.workers} worker process{'es' if self.workers != 1 else ''}" if self.workers else ""
         spent = ", ".join(f"{part} {s:.0f} s" for part, s in self.part_seconds.items())
-        spent = f" (their time: {spent})" if spent else ""
+        each = []  # one worker's span and memory: how evenly the cases were dealt, what a worker needs
+        if self.worker_seconds:
+            fastest, slowest = round(self.worker_seconds[0]), round(self.worker_seconds[-1])
+            each.append(f"{fastest} s" if fastest == slowest else f"{fastest} to {slowest} s")
+        if self.peak_device_bytes:
+            each.append(f"at most {self.peak_device_bytes / (1 << 30):.1f} GiB of device memory")
+        notes = ([f"their time: {spent}"] if spent else []) + ([f"a worker's {', '.join(each)}"] if each else [])
+        detail = f" ({'; '.join(notes)})" if notes else ""
         return (
             f"{', '.join(self.parts)} ahead: {self.compiled} of {self.jobs} case(s) compiled in "
-            f"{self.seconds:.0f} s{by}{spent}{tail}{first}"
+            f"{self.seconds:.0f} s{by}{detail}{tail}{first}"
         )
 
 
@@ -164,6 +179,8 @@ def precompile(
     compiled = failed = 0
     failed_by = dict.fromkeys(parts, 0)  # a failing part's lines name it: "failed op dtype shape: part: error"
     part_seconds: dict[str, float] = {}  # each worker's last line: "seconds {part: seconds, ...}"
+    worker_seconds: list[float] = []  # and the line before it: "worker {"seconds": s, "peak_device_bytes": n}"
+    peak_device_bytes = 0
     first_failure = ""  # what the first failed case's line says (the run's output shows it)
     with contextlib.ExitStack() as files:
         running = []
@@ -201,6 +218,11 @@ def precompile(
                     for part, spent in json.loads(line.removeprefix("seconds ")).items():
                         part_seconds[part] = part_seconds.get(part, 0.0) + spent
                     continue
+                if line.startswith("worker "):
+                    worker = json.loads(line.removeprefix("worker "))
+                    worker_seconds.append(worker["seconds"])
+                    peak_device_bytes = max(peak_device_bytes, worker["peak_device_bytes"])
+                    continue
                 compiled += line.startswith("ok ")
                 if line.startswith("failed "):
                     failed += 1
@@ -217,18 +239,18 @@ def precompile(
         first_failure,
         part_seconds,
         len(running),
+        worker_seconds,
+        peak_device_bytes,
     )
 
 
 def compile_cases(jobs: dict[str, Any], part_seconds: dict[str, float] | None = None) -> list[str]:
     """Compile each of ``jobs["cases"]`` as the run will call it; one line per case, ``ok`` or ``failed ...``. The
     seconds each part's steps took are added to ``part_seconds``."""
-    from kernelgate.bench.runner import _dynamo_limits, case_args
+    from kernelgate.bench.runner import _dynamo_limits
     from kernelgate.bench.specs import SPECS
-    from kernelgate.bench.suite import DTYPES, Case
     from kernelgate.compile_ahead import compiling_untuned_buckets
     from kernelgate.dispatch import use_mode
-    from kernelgate.op import get_op
     from kernelgate.settings import configure, settings
 
     device = torch.device(jobs["device"])
@@ -245,31 +267,48 @@ def compile_cases(jobs: dict[str, Any], part_seconds: dict[str, float] | None = 
             stack.enter_context(use_mode("auto"))
             stack.enter_context(compiling_untuned_buckets())
         for name, dtype, shape in jobs["cases"]:
-            spec = specs[name]
-            try:
-                fwd_args, bwd_args = case_args(spec, DTYPES[dtype], Case(tuple(shape)), device)
-                if jobs.get("backend") and name not in compiled:  # one compiled function per op, as the run keeps
-                    compiled[name] = torch.compile(get_op(name).reference, dynamic=False, backend=jobs["backend"])
-                steps = _case_steps(jobs, spec, compiled.get(name), fwd_args, bwd_args)
-            except Exception as err:  # the run meets the same failure and reports it in its rows
-                lines.append(f"failed {name} {dtype} {shape}: {type(err).__name__}: {err}".replace("\n", " ")[:300])
-                continue
-            failures = []
-            for part, step in steps:
-                started = time.perf_counter()
-                try:
-                    _run_with_memory_retries(step, device)
-                except Exception as err:
-                    failures.append(f"{part}: {type(err).__name__}: {err}")
-                if part_seconds is not None:
-                    part_seconds[part] = part_seconds.get(part, 0.0) + time.perf_counter() - started
-            if failures:
-                lines.append(f"failed {name} {dtype} {shape}: {'; '.join(failures)}".replace("\n", " ")[:300])
-            else:
-                lines.append(f"ok {name} {dtype} {shape}")
+            lines.append(_compile_case(jobs, specs[name], dtype, shape, compiled, part_seconds))
+            # The case's tensors went with _compile_case's frame, so its memory can be handed back. (Held while the
+            # next case's were made, they doubled a worker's peak wherever a large case came before another.)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return lines
+
+
+def _compile_case(
+    jobs: dict[str, Any],
+    spec: BenchSpec,
+    dtype: str,
+    shape: list[int],
+    compiled: dict[str, Any],
+    part_seconds: dict[str, float] | None,
+) -> str:
+    """Compile one case as the run will call it (``compiled``: the torch.compile'd reference per op, made on first
+    use); ``ok ...`` or ``failed ...`` with each failing part's error."""
+    from kernelgate.bench.runner import case_args
+    from kernelgate.bench.suite import DTYPES, Case
+    from kernelgate.op import get_op
+
+    name, device = spec.op, torch.device(jobs["device"])
+    try:
+        fwd_args, bwd_args = case_args(spec, DTYPES[dtype], Case(tuple(shape)), device)
+        if jobs.get("backend") and name not in compiled:  # one compiled function per op, as the run keeps
+            compiled[name] = torch.compile(get_op(name).reference, dynamic=False, backend=jobs["backend"])
+        steps = _case_steps(jobs, spec, compiled.get(name), fwd_args, bwd_args)
+    except Exception as err:  # the run meets the same failure and reports it in its rows
+        return f"failed {name} {dtype} {shape}: {type(err).__name__}: {err}".replace("\n", " ")[:300]
+    failures = []
+    for part, step in steps:
+        started = time.perf_counter()
+        try:
+            _run_with_memory_retries(step, device)
+        except Exception as err:
+            failures.append(f"{part}: {type(err).__name__}: {err}")
+        if part_seconds is not None:
+            part_seconds[part] = part_seconds.get(part, 0.0) + time.perf_counter() - started
+    if failures:
+        return f"failed {name} {dtype} {shape}: {'; '.join(failures)}".replace("\n", " ")[:300]
+    return f"ok {name} {dtype} {shape}"
 
 
 def _run_with_memory_retries(step: Callable[[], Any], device: torch.device) -> None:
@@ -318,10 +357,16 @@ def _case_steps(
 
 
 def main() -> int:
-    """Worker entry: the jobs as JSON on stdin, one line per case on stdout, then ``seconds`` and each part's."""
+    """Worker entry: the jobs as JSON on stdin, one line per case on stdout, then ``worker`` and this process's
+    seconds and the most device memory its allocator held, then ``seconds`` and each part's."""
+    started = time.perf_counter()
+    jobs = json.load(sys.stdin)
     part_seconds: dict[str, float] = {}
-    for line in compile_cases(json.load(sys.stdin), part_seconds):
+    for line in compile_cases(jobs, part_seconds):
         print(line, flush=True)
+    device = torch.device(jobs["device"])
+    peak = torch.cuda.max_memory_reserved(device) if device.type == "cuda" else 0
+    print(f"worker {json.dumps({'seconds': time.perf_counter() - started, 'peak_device_bytes': peak})}", flush=True)
     print(f"seconds {json.dumps(part_seconds)}", flush=True)
     return 0
 

@@ -638,6 +638,47 @@ def test_cli_latency_regime_is_the_reports_unless_given(tmp_path: Path, monkeypa
     assert seen == [bench.report.LATENCY_BYTES, 2**19]
 
 
+def test_cli_keeps_a_calls_time_and_rows_after_each_op_when_stopped_from_outside(
+    cli_suite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call stopped between ops (a machine's time limit; here an interrupt in the second op) has kept the first
+    op's rows in bench.csv and its own time in runs.json, so a --resume call adds up both; each op's line says how
+    far into the run it ended."""
+    out = tmp_path / "out"
+    argv = [
+        "bench",
+        "--suite",
+        str(cli_suite),
+        "--op",
+        "rms_norm",
+        "--op",
+        "softmax",
+        "--no-compile",
+        "--out",
+        str(out),
+    ]
+    argv += ["--no-backward", "--dtype", "float32"]
+    op_rows = bench_runner._Runner.op_rows
+
+    def stopped_at_softmax(self: Any, spec: Any, *args: Any) -> list[bench.BenchRow]:
+        if spec.op == "softmax":
+            raise KeyboardInterrupt
+        return op_rows(self, spec, *args)
+
+    monkeypatch.setattr(bench_runner._Runner, "op_rows", stopped_at_softmax)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    assert re.search(r"^rms_norm: \d+ s \(\d+ s into the run\)$", capsys.readouterr().out, re.MULTILINE)
+    assert {r.op for r in bench.read_csv(out / "bench.csv")} == {"rms_norm"}
+    first = bench.read_runs(out)
+    assert len(first) == 1 and not first[0]["resumed"] and first[0]["seconds"] > 0, first
+    monkeypatch.setattr(bench_runner._Runner, "op_rows", op_rows)
+    assert main([*argv, "--resume"]) == EXIT_OK
+    runs = bench.read_runs(out)
+    assert runs[0] == first[0] and len(runs) == 2 and runs[1]["resumed"], runs
+    assert {r.op for r in bench.read_csv(out / "bench.csv")} == {"rms_norm", "softmax"}
+
+
 def test_cli_resume_measures_only_what_the_folder_lacks(
     cli_suite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -896,7 +937,12 @@ def test_the_precompile_summary_adds_up_the_workers_time_in_each_part(monkeypatc
     from kernelgate.bench import precompile as module
 
     spent = iter([{"torch.compile": 10.4, "kernelgate": 20.2}, {"torch.compile": 5.3, "kernelgate": 30.1}])
-    workers = iter([{"seconds": 31.0, "peak_device_bytes": 3 << 29}, {"seconds": 35.6, "peak_device_bytes": 5 << 30}])
+    workers = iter(
+        [
+            {"seconds": 31.0, "peak_device_bytes": 3 << 29, "peak_case": "softmax float32 [8, 16]"},
+            {"seconds": 35.6, "peak_device_bytes": 5 << 30, "peak_case": "softmax float32 [8, 32]"},
+        ]
+    )
 
     class Worker:
         def __init__(self, argv: list[str], stdin: Any, stdout: Any, **kwargs: Any) -> None:
@@ -920,7 +966,7 @@ def test_the_precompile_summary_adds_up_the_workers_time_in_each_part(monkeypatc
     assert done.worker_seconds == [31.0, 35.6] and done.peak_device_bytes == 5 << 30
     assert str(done).endswith(
         " s by 2 worker processes (their time: torch.compile 16 s, kernelgate 50 s; a worker's 31 to 36 s, at most "
-        "5.0 GiB of device memory)"
+        "5.0 GiB of device memory (softmax float32 [8, 32]))"
     ), str(done)
     alone = module.Precompiled(12.0, 1, 1, 0, ["kernelgate"], worker_seconds=[11.8], workers=1)
     assert str(alone) == "kernelgate ahead: 1 of 1 case(s) compiled in 12 s by 1 worker process (a worker's 12 s)"
@@ -942,7 +988,8 @@ def test_a_worker_reports_its_time_and_its_seconds_in_each_part_last() -> None:
     lines = worker.stdout.splitlines()
     assert worker.returncode == 0 and lines[0] == "ok softmax float32 [2, 8]", worker.stdout + worker.stderr
     own = json.loads(lines[1].removeprefix("worker "))
-    assert lines[1].startswith("worker ") and own["seconds"] > 0 and own["peak_device_bytes"] == 0, lines
+    assert lines[1].startswith("worker ") and own["seconds"] > 0, lines
+    assert own["peak_device_bytes"] == 0 and own["peak_case"] == "", "off a GPU no device memory is counted"
     assert lines[2].startswith("seconds ") and list(json.loads(lines[2].removeprefix("seconds "))) == ["torch.compile"]
 
 
@@ -1034,6 +1081,7 @@ def test_gpu_tuning_after_the_precompile_workers_compiles_nothing(triton_cache: 
     case = bench.Case((96, 1000))  # rows of 1000: a length no other test tunes
     done = precompile([(spec, [("float32", case)])], device, backward=True, workers=1, backend=None, kernelgate=True)
     assert (done.jobs, done.compiled, done.failed) == (1, 1, 0), str(done)
+    assert done.peak_device_bytes > 0 and done.peak_case == "softmax float32 [96, 1000]", str(done)
     fwd_args, bwd_args = bench_runner.case_args(spec, torch.float32, case, device)
     softmax = get_op("softmax")
     softmax.plan(*fwd_args)

@@ -385,6 +385,7 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
             earlier = bench.read_csv(out / "bench.csv") if args.resume and (out / "bench.csv").exists() else []
             done = {(r.op, r.dtype, r.shape) for r in earlier if r.note != bench.TIME_LIMIT_NOTE}
             earlier = [r for r in earlier if (r.op, r.dtype, r.shape) in done]
+            runs_before = bench.read_runs(out) if args.resume else None  # None: this call starts the record
             rows = earlier + bench.run(
                 args.op or None,
                 args.dtype or None,
@@ -405,11 +406,11 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
                 time_limit_s=args.time_limit,
                 skip=done,
                 console=console,
-                on_progress=lambda so_far: bench.write_csv(earlier + so_far, out / "bench.csv"),  # kept if interrupted
+                on_progress=lambda so_far: _keep_progress(out, earlier + so_far, started, start, runs_before),
             )
             console.print(f"results: {bench.write_csv(rows, out / 'bench.csv')}")
             # How long measuring took, per call: a suite measured in parts with --resume adds them up.
-            runs = bench.record_run(out, started, time.monotonic() - start, args.resume)
+            runs = bench.record_run(out, started, time.monotonic() - start, runs_before is not None, runs_before)
     except (bench.BenchError, OSError) as err:
         console.print(f"[red]kernelgate bench: {err}[/red]")
         return EXIT_USAGE
@@ -430,6 +431,18 @@ def bench_command(console: Console, args: argparse.Namespace) -> int:
     if errors:
         console.print(f"[red]{len(errors)} measurement(s) failed[/red]: their rows say why.")
     return EXIT_PROBLEM if errors else EXIT_OK
+
+
+def _keep_progress(
+    out: Path, rows: list[Any], started: str, start: float, runs_before: list[dict[str, Any]] | None
+) -> None:
+    """What a bench call has measured so far, kept as it goes (after each op) in case it is stopped from outside:
+    the CSV, and this call's time in ``runs.json`` after ``runs_before`` (those of the calls it resumes; None:
+    it resumes none)."""
+    from kernelgate import bench
+
+    bench.write_csv(rows, out / "bench.csv")
+    bench.record_run(out, started, time.monotonic() - start, runs_before is not None, runs_before)
 
 
 def _parser() -> argparse.ArgumentParser:

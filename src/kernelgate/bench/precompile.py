@@ -93,7 +93,7 @@ class Precompiled:
     ``part_seconds``: the workers' seconds in each part, summed over them (where the precompile's time goes);
     ``workers``: how many ran; ``worker_seconds``: each answering worker's own time, start to last case (how evenly
     the cases were dealt); ``peak_device_bytes``: the most device memory one worker's allocator held at once (what a
-    worker needs, against WORKER_DEVICE_BYTES)."""
+    worker needs, against WORKER_DEVICE_BYTES), for ``peak_case``."""
 
     def __init__(
         self,
@@ -108,12 +108,13 @@ class Precompiled:
         workers: int = 0,
         worker_seconds: Sequence[float] = (),
         peak_device_bytes: int = 0,
+        peak_case: str = "",
     ) -> None:
         self.seconds, self.jobs, self.compiled, self.failed = seconds, jobs, compiled, failed
         self.part_seconds = dict(part_seconds or {})
         self.workers = workers
         self.worker_seconds = sorted(worker_seconds)
-        self.peak_device_bytes = peak_device_bytes
+        self.peak_device_bytes, self.peak_case = peak_device_bytes, peak_case
         self.parts = tuple(parts)
         self.failed_by = dict(failed_by or {})
         self.first_failure = first_failure
@@ -131,7 +132,8 @@ class Precompiled:
             fastest, slowest = round(self.worker_seconds[0]), round(self.worker_seconds[-1])
             each.append(f"{fastest} s" if fastest == slowest else f"{fastest} to {slowest} s")
         if self.peak_device_bytes:
-            each.append(f"at most {self.peak_device_bytes / (1 << 30):.1f} GiB of device memory")
+            at = f" ({self.peak_case})" if self.peak_case else ""
+            each.append(f"at most {self.peak_device_bytes / (1 << 30):.1f} GiB of device memory{at}")
         notes = ([f"their time: {spent}"] if spent else []) + ([f"a worker's {', '.join(each)}"] if each else [])
         detail = f" ({'; '.join(notes)})" if notes else ""
         return (
@@ -179,8 +181,9 @@ def precompile(
     compiled = failed = 0
     failed_by = dict.fromkeys(parts, 0)  # a failing part's lines name it: "failed op dtype shape: part: error"
     part_seconds: dict[str, float] = {}  # each worker's last line: "seconds {part: seconds, ...}"
-    worker_seconds: list[float] = []  # and the line before it: "worker {"seconds": s, "peak_device_bytes": n}"
-    peak_device_bytes = 0
+    # and the line before it: "worker {"seconds": s, "peak_device_bytes": n, "peak_case": "op dtype shape"}"
+    worker_seconds: list[float] = []
+    peak_device_bytes, peak_case = 0, ""
     first_failure = ""  # what the first failed case's line says (the run's output shows it)
     with contextlib.ExitStack() as files:
         running = []
@@ -221,7 +224,8 @@ def precompile(
                 if line.startswith("worker "):
                     worker = json.loads(line.removeprefix("worker "))
                     worker_seconds.append(worker["seconds"])
-                    peak_device_bytes = max(peak_device_bytes, worker["peak_device_bytes"])
+                    if worker["peak_device_bytes"] > peak_device_bytes:
+                        peak_device_bytes, peak_case = worker["peak_device_bytes"], worker.get("peak_case", "")
                     continue
                 compiled += line.startswith("ok ")
                 if line.startswith("failed "):
@@ -241,12 +245,16 @@ def precompile(
         len(running),
         worker_seconds,
         peak_device_bytes,
+        peak_case,
     )
 
 
-def compile_cases(jobs: dict[str, Any], part_seconds: dict[str, float] | None = None) -> list[str]:
+def compile_cases(
+    jobs: dict[str, Any], part_seconds: dict[str, float] | None = None, peak: dict[str, Any] | None = None
+) -> list[str]:
     """Compile each of ``jobs["cases"]`` as the run will call it; one line per case, ``ok`` or ``failed ...``. The
-    seconds each part's steps took are added to ``part_seconds``."""
+    seconds each part's steps took are added to ``part_seconds``; on a GPU, ``peak`` gets the most device memory
+    the allocator held for one case (``bytes``) and which case (``case``)."""
     from kernelgate.bench.runner import _dynamo_limits
     from kernelgate.bench.specs import SPECS
     from kernelgate.compile_ahead import compiling_untuned_buckets
@@ -271,7 +279,11 @@ def compile_cases(jobs: dict[str, Any], part_seconds: dict[str, float] | None = 
             # The case's tensors went with _compile_case's frame, so its memory can be handed back. (Held while the
             # next case's were made, they doubled a worker's peak wherever a large case came before another.)
             if device.type == "cuda":
+                held = torch.cuda.max_memory_reserved(device)
+                if peak is not None and held > peak.get("bytes", 0):
+                    peak.update(bytes=held, case=f"{name} {dtype} {shape}")
                 torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
     return lines
 
 
@@ -362,11 +374,11 @@ def main() -> int:
     started = time.perf_counter()
     jobs = json.load(sys.stdin)
     part_seconds: dict[str, float] = {}
-    for line in compile_cases(jobs, part_seconds):
+    peak: dict[str, Any] = {}
+    for line in compile_cases(jobs, part_seconds, peak):
         print(line, flush=True)
-    device = torch.device(jobs["device"])
-    peak = torch.cuda.max_memory_reserved(device) if device.type == "cuda" else 0
-    print(f"worker {json.dumps({'seconds': time.perf_counter() - started, 'peak_device_bytes': peak})}", flush=True)
+    own = {"seconds": time.perf_counter() - started, "peak_device_bytes": peak.get("bytes", 0)}
+    print(f"worker {json.dumps({**own, 'peak_case': peak.get('case', '')})}", flush=True)
     print(f"seconds {json.dumps(part_seconds)}", flush=True)
     return 0
 

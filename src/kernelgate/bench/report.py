@@ -980,9 +980,14 @@ def read_runs(folder: Path) -> list[dict[str, Any]]:
     return [r for r in runs if isinstance(r, dict) and isinstance(r.get("seconds"), int | float)]
 
 
-def record_run(folder: Path, started: str, seconds: float, resumed: bool) -> list[dict[str, Any]]:
-    """Add a measuring call to ``folder/runs.json`` (a call that does not resume starts the list afresh)."""
-    runs = read_runs(folder) if resumed else []
+def record_run(
+    folder: Path, started: str, seconds: float, resumed: bool, before: Sequence[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Record a measuring call in ``folder/runs.json``: after ``before``, the calls recorded before this one (by
+    default those the file holds), where it resumes; alone where it does not. The CLI records its call after each
+    op too, passing the calls it found at its start, so a call stopped from outside (a machine's time limit) still
+    counts in the summary's run time."""
+    runs = list(read_runs(folder) if before is None else before) if resumed else []
     runs.append({"started": started, "seconds": round(seconds, 3), "resumed": resumed})
     (folder / RUNS_FILE).write_text(json.dumps(runs, indent=1) + "\n")
     return runs

@@ -895,7 +895,8 @@ def run(
         raise BenchError(f"hold_us must be >= 0 microseconds; got {hold_us}.")
     if time_limit_s is not None and not time_limit_s > 0:
         raise BenchError(f"time_limit_s must be > 0 seconds; got {time_limit_s}.")
-    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+    run_start = time.monotonic()
+    deadline = None if time_limit_s is None else run_start + time_limit_s
     for name, value in counts.items():
         if value < 1:
             raise BenchError(f"{name} must be >= 1; got {value}.")
@@ -989,7 +990,7 @@ def run(
                 f"kernelgate bench on {device} ({provenance.gpu}): copy {copy:.0f} GB/s; "
                 f"{sum(len(c) for _, c in plan)} case(s) of {len(plan)} op(s)"
             )
-        return _run_all(runner, plan, console, on_progress or (lambda rows: None))
+        return _run_all(runner, plan, console, on_progress or (lambda rows: None), run_start)
 
 
 def _run_all(
@@ -997,7 +998,10 @@ def _run_all(
     plan: Sequence[tuple[BenchSpec, Sequence[tuple[str, Case]]]],
     console: Console | None,
     on_progress: Callable[[list[BenchRow]], object],
+    run_start: float,
 ) -> list[BenchRow]:
+    """Measure the plan's ops in turn; with a console, each op's tables and its time (and the run's so far, from
+    ``run_start``, time.monotonic()'s: where a time limit falls among the ops) are printed as it ends."""
     rows: list[BenchRow] = []
     if console is None:
         for spec, cases in plan:
@@ -1025,6 +1029,8 @@ def _run_all(
             rows += op_rows
             for dtype in dict.fromkeys(d for d, _ in cases):
                 print_table(progress.console, [r for r in op_rows if r.dtype == dtype], f"{spec.op} {dtype}")
-            progress.console.print(f"{spec.op}: {time.perf_counter() - start:.0f} s")
+            progress.console.print(
+                f"{spec.op}: {time.perf_counter() - start:.0f} s ({time.monotonic() - run_start:.0f} s into the run)"
+            )
             on_progress(rows)
     return rows

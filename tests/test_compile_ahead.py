@@ -199,3 +199,61 @@ def test_an_untuned_bucket_compiles_its_candidates_for_a_later_process(
         again = compile_ahead.compile_here(launches)
     assert (again.jobs, again.compiled) == (kernels, kernels)
     assert count is not None and (count.compiled, count.loaded) == (0, kernels), str(count)
+
+
+def test_a_candidate_launch_copies_the_mutated_tensors_when_called_and_lets_them_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Compiling ahead builds a launch per candidate; each works on its own copy of the tensors the op writes in
+    place (cross_entropy_backward_into's dlogits), made when the launch runs, not when the list is built, so the
+    copies of a bucket's candidates are never all held at once (a logits-sized buffer each)."""
+    import weakref
+
+    from kernelgate import selection
+    from kernelgate.ops.cross_entropy import cross_entropy_backward_into as op
+
+    device = torch.device(_as_if_on_a_gpu(monkeypatch))
+    values = (torch.ones((), device=device), *op.make_inputs((4, 64), torch.float32, device)[1:])  # a unit gradient
+    (dlogits_at,) = op.mutated_positions
+    eligible, plan = op._eligible(values, device, "auto", False)
+    assert eligible, plan
+    copies: list[weakref.ref[torch.Tensor]] = []
+    alive_at_each_call: list[int] = []
+
+    def run_candidate(impl: Any, config: Any, args: tuple[Any, ...], interpret: bool, poison: bool) -> None:
+        alive_at_each_call.append(sum(ref() is not None for ref in copies))
+        assert args[dlogits_at] is not values[dlogits_at] and torch.equal(args[dlogits_at], values[dlogits_at])
+        copies.append(weakref.ref(args[dlogits_at]))
+
+    monkeypatch.setattr(selection, "run_candidate", run_candidate)
+    launches = selection._candidate_launches(op, values, eligible)
+    assert len(launches) > 1
+    for candidate in launches:
+        candidate()
+    assert alive_at_each_call == [0] * len(launches), alive_at_each_call
+
+
+def test_the_passing_candidates_are_timed_on_one_copy_of_the_mutated_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tuning gates each candidate on its own copy of the tensors the op writes in place, then times the passing
+    ones on one copy (the first's) rather than keeping a copy each (a logits-sized buffer a candidate for
+    cross_entropy_backward_into), and never on the caller's tensor."""
+    from kernelgate import selection
+    from kernelgate.ops.cross_entropy import cross_entropy_backward_into as op
+
+    cpu = torch.device("cpu")
+    values = (torch.ones(()), *op.make_inputs((4, 64), torch.float32, cpu)[1:])  # a unit gradient
+    (dlogits_at,) = op.mutated_positions
+    eligible, plan = op._eligible(values, cpu, "auto", True)
+    assert eligible, plan
+    timed: list[Any] = []
+    time_passing = selection._time_passing
+
+    def record(passed: Any, *args: Any) -> Any:
+        timed.extend(passed)
+        return time_passing(passed, *args)
+
+    monkeypatch.setattr(selection, "_time_passing", record)
+    selection.tune(op, values, cpu, eligible, True, 0.02)
+    assert len(timed) > 1, "several candidates passed the gate"
+    assert len({id(args[dlogits_at]) for _, _, args in timed}) == 1
+    assert timed[0][2][dlogits_at] is not values[dlogits_at]

@@ -449,11 +449,14 @@ def _head_to_head(
 
 
 def _candidate_launches(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> list[Callable[[], object]]:
-    return [
-        functools.partial(run_candidate, impl, config, clone_args(values, op.mutated_positions), False, False)
-        for impl in impls
-        for config in impl.candidate_configs(values)
-    ]
+    """A launch of each candidate on ``values``, each on its own copy of the tensors the op mutates, made when the
+    launch is called and let go after it: made up front, the copies were held all at once (a logits-sized
+    gradient buffer a candidate for cross_entropy_backward_into)."""
+
+    def launch(impl: TritonImpl, config: Config | None) -> object:
+        return run_candidate(impl, config, clone_args(values, op.mutated_positions), False, False)
+
+    return [functools.partial(launch, impl, config) for impl in impls for config in impl.candidate_configs(values)]
 
 
 def _compile_candidates(op: Op, values: tuple[Any, ...], impls: Sequence[TritonImpl]) -> Outcome:
@@ -552,7 +555,10 @@ def _tune_here(
                 if mismatch is not None:
                     results.append(CandidateResult(impl.name, config, "mismatch", detail=str(mismatch)))
                     continue
-                passed.append((impl, config, args))
+                # The passing candidates are timed on one copy of the tensors the op mutates, the first one's:
+                # each keeping its own held a bucket's worth at once (cross_entropy_backward_into: a
+                # logits-sized buffer a candidate).
+                passed.append((impl, config, passed[0][2] if passed else args))
     gated = time.perf_counter()
     results += _time_passing(passed, device, interpret)
     if unsupported is not None and not any(r.verdict == "pass" for r in results):

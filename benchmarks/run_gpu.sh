@@ -24,6 +24,10 @@
 #   benchmarks/run_gpu.sh counters OUT Nsight Compute's counters (ncu) of benchmarks/run_kernel.py's second launch for
 #                                     each of CASES, space-separated op:shape:dtype:impl:config (the config's
 #                                     commas kept, e.g. softmax:512x131072:bfloat16:split_rows:BLOCK_N=8192,num_warps=8)
+# STACKS_AFTER=S (any part): every Python process of the call (the run, its precompile and compile workers) writes
+# its threads' stacks to OUT/stacks/stacks-PID.txt every 15 s from S seconds after it starts, to show where a call
+# that stalls spends its time (a default suite on an H100 at d1e3a00 made no decision for 2 minutes inside
+# cross_entropy). Each dump pauses its process briefly: set S past the measurements that matter.
 # Everything is written under OUT (default ./gpu-out), then packed into OUT.tar.gz. The device returns
 # at most 8 files, and nothing of a call killed at its time limit except what is already there, so
 # every step stops by BUDGET seconds (default 570) and the packing always runs.
@@ -35,6 +39,20 @@ mkdir -p "$out"
 # Installs the console script (the tests check it); no network is needed for an editable install.
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || cat "$out/install.log"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 COLUMNS=160
+if [ -n "${STACKS_AFTER:-}" ]; then
+  mkdir -p "$out/stacks" "$out/.stacks-site"
+  cat > "$out/.stacks-site/sitecustomize.py" <<'PY'
+import faulthandler, os, threading, time
+
+def _dump_later(folder: str, after: float) -> None:
+    time.sleep(after)
+    faulthandler.dump_traceback_later(15, repeat=True, file=open(f"{folder}/stacks-{os.getpid()}.txt", "w"))
+
+threading.Thread(target=_dump_later, args=(os.environ["STACKS_DIR"], float(os.environ["STACKS_AFTER"])), daemon=True).start()
+PY
+  out_dir=$(cd "$out" && pwd)
+  export STACKS_DIR=$out_dir/stacks STACKS_AFTER PYTHONPATH=$out_dir/.stacks-site:$PYTHONPATH
+fi
 export KERNELGATE_CACHE_DIR=$out/cache
 # Triton's kernels in a directory of this run's machine, not the home directory's default: the A/B calls that
 # set one planned buckets at the usual speed, the default suite at 0668973 without one 3 to 7 times slower.

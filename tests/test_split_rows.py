@@ -375,3 +375,44 @@ def test_split_looped_leaves_its_counts_zero_for_the_next_launch() -> None:
                 assert_close(got, op.reference(*half), reduction_length=n)
                 torch.cuda.synchronize()
                 assert rowwise.split_rows_counts(cuda, 3).tolist() == [0, 0, 0], (op.name, config)
+
+
+_SHARED_COUNT_OPS = [
+    o.name
+    for o in kernelgate.registered_ops()
+    if any(impl.name in ("split_rows", "split_looped") for impl in o.implementations)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op_name", _SHARED_COUNT_OPS)
+@pytest.mark.parametrize(("shape", "dtype"), [((40, 20000), torch.float32), ((6, 40000), torch.bfloat16)])
+def test_every_split_config_leaves_the_streams_counts_zero(
+    op_name: str, shape: tuple[int, int], dtype: torch.dtype
+) -> None:
+    """On a GPU, every configuration of every implementation that splits rows over programs (split_rows, the norms'
+    looping groups, split_looped) leaves the whole of the stream's arrival counts zero: a count left behind would
+    let a later launch on any op read partials too early, or wait for ever. Rows enough that the norms' backward
+    groups loop over several; the bf16 case long enough for split_looped."""
+    from kernelgate.op import get_op
+    from kernelgate.selection import clone_args
+
+    cuda = torch.device("cuda")
+    op = get_op(op_name)
+    torch.manual_seed(0)
+    values = op.make_inputs(shape, dtype, cuda)
+    launched = 0
+    for impl in op.implementations:
+        if impl.name not in ("split_rows", "split_looped"):
+            continue
+        for config in impl.candidate_configs(values):
+            try:
+                run_candidate(impl, config, clone_args(values, op.mutated_positions), False, poison=True)
+            except Unsupported:
+                continue
+            torch.cuda.synchronize()
+            launched += 1
+            for key, counts in rowwise._SPLIT_ROWS_COUNTS.items():
+                assert not counts.any(), (impl.name, config, key, counts.nonzero().flatten()[:8].tolist())
+    if dtype == torch.float32 or any(impl.name == "split_looped" for impl in op.implementations):
+        assert launched, "no configuration ran"

@@ -7,6 +7,7 @@ import gzip
 import importlib.resources
 import importlib.util
 import io
+import itertools
 import json
 import math
 import os
@@ -870,32 +871,72 @@ def test_a_worker_asked_for_kernelgate_and_liger_leaves_the_settings_and_the_dec
     assert kernelgate.settings() == before and not compile_ahead.compiling_untuned()
 
 
-def test_cases_sharing_kernels_go_to_one_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cases of one op, dtype and row length (a latency shape beside a 128 MiB one) are dealt to the same worker,
-    which compiles their kernels once; the rest are spread across the workers."""
+def test_cases_sharing_kernels_are_queued_as_one_group_the_largest_and_longest_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cases of one op, dtype and row length (a latency shape beside a 128 MiB one) are queued as one group,
+    which one worker takes whole and compiles their kernels once; the groups are queued the largest first, then the
+    longest rows (the most candidates), and the workers share one queue."""
     from kernelgate.bench import precompile as module
 
-    dealt: list[list[Any]] = []
+    seen: list[Any] = []
 
     class Recorder:
         def __init__(self, argv: list[str], stdin: Any, stdout: Any, **kwargs: Any) -> None:
             self.stdin, self.stdout = io.StringIO(), stdout
-            self.stdin.close = lambda: dealt.append(json.loads(self.stdin.getvalue())["cases"])  # type: ignore[method-assign]
+
+            def close() -> None:
+                jobs = json.loads(self.stdin.getvalue())
+                queue = sorted(Path(jobs["queue"]).glob(f"*{module.GROUP_SUFFIX}"))
+                seen.append((jobs["queue"], [json.loads(path.read_text()) for path in queue]))
+
+            self.stdin.close = close  # type: ignore[method-assign]
 
         def wait(self, timeout: float) -> int:
             return 0
 
     monkeypatch.setattr(module.subprocess, "Popen", Recorder)
     spec = bench.spec_for("softmax")
-    cases = [("float32", bench.Case(shape)) for shape in ((8, 4096), (1, 4096), (8, 1024), (2, 4096), (8, 512))]
+    shapes = ((8, 4096), (1, 4096), (8, 1024), (2, 4096), (8, 512), (4, 8192))
+    cases = [("float32", bench.Case(shape)) for shape in shapes]
     done = precompile([(spec, cases)], torch.device("cpu"), backward=False, workers=2, backend=None, kernelgate=True)
-    assert sorted(len(share) for share in dealt) == [2, 3]
-    assert [
-        ["softmax", "float32", [8, 4096]],
-        ["softmax", "float32", [1, 4096]],
-        ["softmax", "float32", [2, 4096]],
-    ] in dealt
-    assert str(done).startswith("kernelgate ahead: 0 of 5 case(s) compiled in ")
+    assert len(seen) == 2 and seen[0] == seen[1], "two workers, one queue"
+    assert seen[0][1] == [
+        [["softmax", "float32", [8, 4096]], ["softmax", "float32", [1, 4096]], ["softmax", "float32", [2, 4096]]],
+        [["softmax", "float32", [4, 8192]]],
+        [["softmax", "float32", [8, 1024]]],
+        [["softmax", "float32", [8, 512]]],
+    ]
+    assert str(done).startswith("kernelgate ahead: 0 of 6 case(s) compiled in ")
+
+
+def test_workers_sharing_a_queue_claim_each_group_once_in_order(tmp_path: Path) -> None:
+    """Two workers reading one queue, taking turns, between them get every group once, in the queue's order, and
+    each group whole."""
+    from kernelgate.bench.precompile import GROUP_SUFFIX, claimed_cases
+
+    groups = [[["softmax", "float32", [2, n]], ["softmax", "float32", [4, n]]] for n in (8, 16, 32, 64, 128)]
+    for position, group in enumerate(groups):
+        (tmp_path / f"{position:06d}{GROUP_SUFFIX}").write_text(json.dumps(group))
+    first, second = claimed_cases(tmp_path), claimed_cases(tmp_path)
+    taken: list[list[Any]] = []
+    for worker in itertools.cycle((first, second)):
+        got = list(itertools.islice(worker, 2))  # one group
+        if not got:
+            break
+        taken.append(got)
+    assert taken == groups
+    assert list(first) == [] and list(second) == [] and not list(tmp_path.glob(f"*{GROUP_SUFFIX}"))
+
+
+def test_precompile_workers_answer_every_case_once() -> None:
+    """Worker processes sharing the queue compile every case of the plan once between them (each answers the
+    cases of the groups it took)."""
+    spec = bench.spec_for("softmax")
+    cases = [("float32", bench.Case((2, n))) for n in (8, 16, 24)] + [("float32", bench.Case((4, 8)))]
+    done = precompile([(spec, cases)], torch.device("cpu"), backward=False, workers=2, backend="eager")
+    assert (done.jobs, done.compiled, done.failed, done.workers) == (4, 4, 0, 2), str(done)
+    assert len(done.worker_seconds) == 2, "both workers answered"
 
 
 def test_the_precompile_summary_names_the_part_each_failure_was_in(monkeypatch: pytest.MonkeyPatch) -> None:

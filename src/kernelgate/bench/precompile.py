@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,8 @@ __all__ = ["MAX_WORKERS", "WORKER_DEVICE_BYTES", "Precompiled", "default_workers
 # workers on its 16 CPUs, and its precompile took 243 s (96385aa); at 6 GiB it runs 13. A worker lets a case's
 # tensors go before the next case's are made, and reports the most its allocator held (the console line's "at most").
 MAX_WORKERS = 16
+# A queued group of cases (precompile's queue folder); a worker claims one by renaming it.
+GROUP_SUFFIX = ".group"
 WORKER_DEVICE_BYTES = 6 << 30
 # Longest a run waits for its workers; what they have not compiled by then the run compiles itself.
 TIMEOUT_S = 300.0
@@ -92,7 +94,7 @@ class Precompiled:
     failed case and its error as its worker wrote them (at most 300 characters), shown after the counts;
     ``part_seconds``: the workers' seconds in each part, summed over them (where the precompile's time goes);
     ``workers``: how many ran; ``worker_seconds``: each answering worker's own time, start to last case (how evenly
-    the cases were dealt); ``peak_device_bytes``: the most device memory one worker's allocator held at once (what a
+    the work was shared); ``peak_device_bytes``: the most device memory one worker's allocator held at once (what a
     worker needs, against WORKER_DEVICE_BYTES), for ``peak_case``."""
 
     def __init__(
@@ -127,7 +129,7 @@ class Precompiled:
         first = f"; the first: {self.first_failure}" if self.failed and self.first_failure else ""
         by = f" by {self.workers} worker process{'es' if self.workers != 1 else ''}" if self.workers else ""
         spent = ", ".join(f"{part} {s:.0f} s" for part, s in self.part_seconds.items())
-        each = []  # one worker's span and memory: how evenly the cases were dealt, what a worker needs
+        each = []  # one worker's span and memory: how evenly the work was shared, what a worker needs
         if self.worker_seconds:
             fastest, slowest = round(self.worker_seconds[0]), round(self.worker_seconds[-1])
             each.append(f"{fastest} s" if fastest == slowest else f"{fastest} to {slowest} s")
@@ -155,22 +157,22 @@ def precompile(
 ) -> Precompiled:
     """Compile every case of ``plan`` in ``workers`` processes (default: :func:`default_workers`); wait for them.
 
-    ``plan`` is the run's: (spec, [(dtype, case), ...]) per op. The cases are dealt out to the workers, those of
-    one op, dtype and row length (whose kernels are mostly the same) to the same worker, the largest such groups
-    first to the worker with the fewest cases so far, and each compiles the
-    forward and, with ``backward``, the forward+backward step as the run calls them: with torch.compile and
-    ``backend`` (only inductor's graphs are cached across processes; another backend serves tests of this
-    plumbing; ``None``: not compiled), with ``kernelgate``'s candidates, with ``liger``'s kernels.
+    ``plan`` is the run's: (spec, [(dtype, case), ...]) per op. Its cases are grouped by op, dtype and row length
+    (whose kernels are mostly the same, so one worker compiles them once), and the groups queued, the largest and
+    then the longest rows (the most candidates) first: each worker takes the next group when it is done with one,
+    so the workers finish about together. (Dealt out before they started, by count, the same cases kept the
+    H100's slowest of 13 workers busy for 140 s and its fastest for 95.) Each worker compiles the forward and,
+    with ``backward``, the forward+backward step as the run calls them: with torch.compile and ``backend`` (only
+    inductor's graphs are cached across processes; another backend serves tests of this plumbing; ``None``: not
+    compiled), with ``kernelgate``'s candidates, with ``liger``'s kernels.
     """
     cases = [(spec.op, dtype, list(case.shape)) for spec, op_cases in plan for dtype, case in op_cases]
     specs = {spec.op: spec for spec, _ in plan}
     groups: dict[tuple[str, str, int], list[Any]] = {}
     for op, dtype, shape in cases:
         groups.setdefault((op, dtype, specs[op].rows_and_length(tuple(shape))[1]), []).append([op, dtype, shape])
+    queued = [groups[key] for key in sorted(groups, key=lambda key: (len(groups[key]), key[2]), reverse=True)]
     workers = default_workers(device) if workers is None else workers
-    dealt: list[list[Any]] = [[] for _ in range(max(1, min(workers, len(groups))))]
-    for group in sorted(groups.values(), key=len, reverse=True):  # the largest first, to the least loaded
-        min(dealt, key=len).extend(group)
     parts = [
         name
         for name, wanted in (("torch.compile", backend), ("kernelgate", kernelgate), ("Liger-Kernel", liger))
@@ -186,16 +188,13 @@ def precompile(
     peak_device_bytes, peak_case = 0, ""
     first_failure = ""  # what the first failed case's line says (the run's output shows it)
     with contextlib.ExitStack() as files:
+        queue = Path(files.enter_context(tempfile.TemporaryDirectory(prefix="kernelgate-precompile-queue-")))
+        for position, group in enumerate(queued):
+            (queue / f"{position:06d}{GROUP_SUFFIX}").write_text(json.dumps(group))
+        jobs = {"device": str(device), "backward": backward, "backend": backend, "kernelgate": kernelgate}
+        jobs.update(liger=liger, queue=str(queue))
         running = []
-        for share in dealt if cases else []:
-            jobs = {
-                "device": str(device),
-                "backward": backward,
-                "backend": backend,
-                "kernelgate": kernelgate,
-                "liger": liger,
-                "cases": share,
-            }
+        for _ in range(max(1, min(workers, len(queued))) if cases else 0):
             replies = files.enter_context(tempfile.TemporaryFile("w+"))  # a file: a worker never blocks on a pipe
             proc = subprocess.Popen(
                 [sys.executable, "-m", "kernelgate.bench.precompile"],
@@ -249,12 +248,30 @@ def precompile(
     )
 
 
+def claimed_cases(queue: Path) -> Iterator[list[Any]]:
+    """The cases of each group in ``queue`` (a folder of ``NNNNNN.group`` files, each a JSON list of cases) this
+    process claims, in the folder's order: a group is claimed by renaming its file, which one process alone can do,
+    so the workers sharing the folder each compile a group once between them, taking the next when done."""
+    while True:
+        for path in sorted(queue.glob(f"*{GROUP_SUFFIX}")):
+            mine = path.with_name(f"{path.name}.{os.getpid()}")
+            try:
+                path.rename(mine)
+            except OSError:  # another worker took it first
+                continue
+            yield from json.loads(mine.read_text())
+            break
+        else:
+            return
+
+
 def compile_cases(
     jobs: dict[str, Any], part_seconds: dict[str, float] | None = None, peak: dict[str, Any] | None = None
 ) -> list[str]:
-    """Compile each of ``jobs["cases"]`` as the run will call it; one line per case, ``ok`` or ``failed ...``. The
-    seconds each part's steps took are added to ``part_seconds``; on a GPU, ``peak`` gets the most device memory
-    the allocator held for one case (``bytes``) and which case (``case``)."""
+    """Compile each of ``jobs["cases"]``, or of the groups this worker claims from ``jobs["queue"]``
+    (:func:`claimed_cases`), as the run will call it; one line per case, ``ok`` or ``failed ...``. The seconds
+    each part's steps took are added to ``part_seconds``; on a GPU, ``peak`` gets the most device memory the
+    allocator held for one case (``bytes``) and which case (``case``)."""
     from kernelgate.bench.runner import _dynamo_limits
     from kernelgate.bench.specs import SPECS
     from kernelgate.compile_ahead import compiling_untuned_buckets
@@ -274,7 +291,7 @@ def compile_cases(
             configure(tune=False, warn_fallback=False, log_path=None, cache_dir=Path(scratch))
             stack.enter_context(use_mode("auto"))
             stack.enter_context(compiling_untuned_buckets())
-        for name, dtype, shape in jobs["cases"]:
+        for name, dtype, shape in jobs["cases"] if "cases" in jobs else claimed_cases(Path(jobs["queue"])):
             lines.append(_compile_case(jobs, specs[name], dtype, shape, compiled, part_seconds))
             # The case's tensors went with _compile_case's frame, so its memory can be handed back. (Held while the
             # next case's were made, they doubled a worker's peak wherever a large case came before another.)

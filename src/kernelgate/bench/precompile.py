@@ -56,9 +56,9 @@ __all__ = ["MAX_WORKERS", "WORKER_DEVICE_BYTES", "Precompiled", "default_workers
 # workers on its 16 CPUs, and its precompile took 243 s (96385aa); at 6 GiB it runs 13. A worker lets a case's
 # tensors go before the next case's are made, and reports the most its allocator held (the console line's "at most").
 MAX_WORKERS = 16
+WORKER_DEVICE_BYTES = 6 << 30
 # A queued group of cases (precompile's queue folder); a worker claims one by renaming it.
 GROUP_SUFFIX = ".group"
-WORKER_DEVICE_BYTES = 6 << 30
 # Longest a run waits for its workers; what they have not compiled by then the run compiles itself.
 TIMEOUT_S = 300.0
 # A step that runs out of device memory is tried again this many times, after the worker frees its cached memory and
@@ -191,8 +191,14 @@ def precompile(
         queue = Path(files.enter_context(tempfile.TemporaryDirectory(prefix="kernelgate-precompile-queue-")))
         for position, group in enumerate(queued):
             (queue / f"{position:06d}{GROUP_SUFFIX}").write_text(json.dumps(group))
-        jobs = {"device": str(device), "backward": backward, "backend": backend, "kernelgate": kernelgate}
-        jobs.update(liger=liger, queue=str(queue))
+        jobs = {
+            "device": str(device),
+            "backward": backward,
+            "backend": backend,
+            "kernelgate": kernelgate,
+            "liger": liger,
+            "queue": str(queue),
+        }
         running = []
         for _ in range(max(1, min(workers, len(queued))) if cases else 0):
             replies = files.enter_context(tempfile.TemporaryFile("w+"))  # a file: a worker never blocks on a pipe

@@ -791,7 +791,7 @@ def test_a_case_a_worker_cannot_compile_is_reported_and_the_rest_go_on() -> None
         "cases": [["softmax", "float32", [-1, 8]], ["softmax", "float32", [2, 8]]],
     }
     part_seconds: dict[str, float] = {}
-    lines = compile_cases(jobs, part_seconds)
+    lines = compile_cases(jobs, jobs["cases"], part_seconds)
     assert lines[0].startswith("failed softmax float32 [-1, 8]: ") and lines[1] == "ok softmax float32 [2, 8]"
     assert list(part_seconds) == ["torch.compile"] and part_seconds["torch.compile"] > 0, part_seconds
 
@@ -822,7 +822,7 @@ def test_a_step_out_of_device_memory_is_tried_again_then_reported(monkeypatch: p
         "backend": None,
         "cases": [["softmax", "float32", [2, 8]], ["rms_norm", "float32", [2, 8]], ["layer_norm", "float32", [2, 8]]],
     }
-    lines = compile_cases(jobs)
+    lines = compile_cases(jobs, jobs["cases"])
     assert lines[0] == "ok softmax float32 [2, 8]"
     assert lines[1] == (
         "failed rms_norm float32 [2, 8]: kernelgate: OutOfMemoryError: CUDA out of memory. "
@@ -865,7 +865,7 @@ def test_a_worker_asked_for_kernelgate_and_liger_leaves_the_settings_and_the_dec
         "liger": True,
         "cases": [["softmax", "float32", [2, 8]], ["rms_norm", "float32", [2, 8]]],
     }
-    assert compile_cases(jobs) == ["ok softmax float32 [2, 8]", "ok rms_norm float32 [2, 8]"]
+    assert compile_cases(jobs, jobs["cases"]) == ["ok softmax float32 [2, 8]", "ok rms_norm float32 [2, 8]"]
     assert [part for part, *_ in seen] == ["kernelgate"] * 4, "forward and forward+backward of each case, no Liger"
     assert all(not tune and cache not in (None, before.cache_dir) and untuned for _, tune, cache, untuned in seen), seen
     assert kernelgate.settings() == before and not compile_ahead.compiling_untuned()
@@ -1013,10 +1013,13 @@ def test_the_precompile_summary_adds_up_the_workers_time_in_each_part(monkeypatc
     assert str(alone) == "kernelgate ahead: 1 of 1 case(s) compiled in 12 s by 1 worker process (a worker's 12 s)"
 
 
-def test_a_worker_reports_its_time_and_its_seconds_in_each_part_last() -> None:
-    """The worker's entry point prints a line per case, then its own time and peak device memory (none off a GPU),
-    then its seconds in each part, as JSON."""
-    jobs = {"device": "cpu", "backward": False, "backend": "eager", "cases": [["softmax", "float32", [2, 8]]]}
+def test_a_worker_reports_its_time_and_its_seconds_in_each_part_last(tmp_path: Path) -> None:
+    """The worker's entry point prints a line per case of the groups it claims from the queue, then its own time
+    and peak device memory (none off a GPU), then its seconds in each part, as JSON."""
+    from kernelgate.bench.precompile import GROUP_SUFFIX
+
+    (tmp_path / f"000000{GROUP_SUFFIX}").write_text(json.dumps([["softmax", "float32", [2, 8]]]))
+    jobs = {"device": "cpu", "backward": False, "backend": "eager", "queue": str(tmp_path)}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     worker = subprocess.run(
         [sys.executable, "-m", "kernelgate.bench.precompile"],
@@ -1058,7 +1061,7 @@ def test_a_worker_lets_a_cases_tensors_go_before_making_the_next_ones(monkeypatc
         "backend": "eager",
         "cases": [["softmax", "float32", [2, 8]], ["softmax", "float32", [4, 8]], ["rms_norm", "float32", [2, 8]]],
     }
-    assert compile_cases(jobs) == [f"ok {op} float32 {shape}" for op, _, shape in jobs["cases"]]
+    assert compile_cases(jobs, jobs["cases"]) == [f"ok {op} float32 {shape}" for op, _, shape in jobs["cases"]]
     assert len(made) >= 6 and alive_when_made == [0, 0, 0], alive_when_made
 
 

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -272,12 +272,15 @@ def claimed_cases(queue: Path) -> Iterator[list[Any]]:
 
 
 def compile_cases(
-    jobs: dict[str, Any], part_seconds: dict[str, float] | None = None, peak: dict[str, Any] | None = None
+    jobs: dict[str, Any],
+    cases: Iterable[list[Any]],
+    part_seconds: dict[str, float] | None = None,
+    peak: dict[str, Any] | None = None,
 ) -> list[str]:
-    """Compile each of ``jobs["cases"]``, or of the groups this worker claims from ``jobs["queue"]``
-    (:func:`claimed_cases`), as the run will call it; one line per case, ``ok`` or ``failed ...``. The seconds
-    each part's steps took are added to ``part_seconds``; on a GPU, ``peak`` gets the most device memory the
-    allocator held for one case (``bytes``) and which case (``case``)."""
+    """Compile each of ``cases`` (``[op, dtype, shape]``; a worker's: those it claims, :func:`claimed_cases`) as the
+    run will call it, as ``jobs`` asks; one line per case, ``ok`` or ``failed ...``. The seconds each part's steps
+    took are added to ``part_seconds``; on a GPU, ``peak`` gets the most device memory the allocator held for one
+    case (``bytes``) and which case (``case``)."""
     from kernelgate.bench.runner import _dynamo_limits
     from kernelgate.bench.specs import SPECS
     from kernelgate.compile_ahead import compiling_untuned_buckets
@@ -297,7 +300,7 @@ def compile_cases(
             configure(tune=False, warn_fallback=False, log_path=None, cache_dir=Path(scratch))
             stack.enter_context(use_mode("auto"))
             stack.enter_context(compiling_untuned_buckets())
-        for name, dtype, shape in jobs["cases"] if "cases" in jobs else claimed_cases(Path(jobs["queue"])):
+        for name, dtype, shape in cases:
             lines.append(_compile_case(jobs, specs[name], dtype, shape, compiled, part_seconds))
             # The case's tensors went with _compile_case's frame, so its memory can be handed back. (Held while the
             # next case's were made, they doubled a worker's peak wherever a large case came before another.)
@@ -392,13 +395,14 @@ def _case_steps(
 
 
 def main() -> int:
-    """Worker entry: the jobs as JSON on stdin, one line per case on stdout, then ``worker`` and this process's
+    """Worker entry: the jobs as JSON on stdin (their cases: the groups it claims from ``queue``), one line per case
+    on stdout, then ``worker`` and this process's
     seconds and the most device memory its allocator held, then ``seconds`` and each part's."""
     started = time.perf_counter()
     jobs = json.load(sys.stdin)
     part_seconds: dict[str, float] = {}
     peak: dict[str, Any] = {}
-    for line in compile_cases(jobs, part_seconds, peak):
+    for line in compile_cases(jobs, claimed_cases(Path(jobs["queue"])), part_seconds, peak):
         print(line, flush=True)
     own = {"seconds": time.perf_counter() - started, "peak_device_bytes": peak.get("bytes", 0)}
     print(f"worker {json.dumps({**own, 'peak_case': peak.get('case', '')})}", flush=True)

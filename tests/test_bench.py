@@ -1251,6 +1251,36 @@ def test_a_forward_miss_whose_chosen_kernel_ran_faster_in_its_own_row_names_the_
         assert not any("the kernel is not the cause" in t for t in bench.misses([eager, ours, row]))
 
 
+def test_a_bandwidth_miss_whose_chosen_kernel_met_the_target_in_its_own_row_names_the_call(
+    interpreted: list[bench.BenchRow], tmp_path: Path
+) -> None:
+    """kernelgate's call fell just short of the bandwidth target while the same configuration's own row in the case
+    reached it (within 10 %, so not the faster-alone cause): the miss names kernelgate's call, with both fractions
+    and the gap, and the digest counts it. Where the own row is short too, no such cause. The times are an H100's
+    at 97469f7 (cross_entropy bfloat16 8192x32000)."""
+    base = next(r for r in interpreted if r.direction == "forward" and r.impl == "eager")
+    eager = dataclasses.replace(base, regime="bandwidth", time_us=2153.9, host_us=math.nan, frac_of_copy=0.081)
+    label = "looped[BLOCK_N=4096,NUM_STAGES=3,num_warps=4]"
+    ours = dataclasses.replace(
+        eager, impl="kernelgate", time_us=194.0, frac_of_copy=0.8952, note=f"auto: {label} (tuned); planned in 317 ms"
+    )
+    kernel = dataclasses.replace(
+        eager, impl="triton:looped", time_us=192.3, frac_of_copy=0.9030, note=f"{label}; tuned 193.5 us"
+    )
+    [text] = bench.misses([eager, ours, kernel])
+    assert text.endswith(
+        f"0.90 of copy bandwidth (target 0.90); kernelgate ran {label}, whose own row in this case took 192.3 us "
+        "(0.903 of copy, the target met): the kernel is not the cause; kernelgate's call, 194.0 us (0.895), was "
+        "0.9% slower as timed here"
+    ), text
+    digest = bench.write_summary([eager, ours, kernel], tmp_path / "summary.md").read_text()
+    assert f"| {base.op} | forward | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 1 | 0 |\n" in digest, digest
+
+    short = dataclasses.replace(kernel, time_us=193.0, frac_of_copy=0.8997)
+    [text] = bench.misses([eager, ours, short])
+    assert "the kernel is not the cause" not in text, text
+
+
 def test_a_forward_miss_whose_chosen_kernel_lost_to_another_in_this_run_names_tuning(
     interpreted: list[bench.BenchRow], tmp_path: Path
 ) -> None:

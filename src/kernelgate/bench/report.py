@@ -424,7 +424,7 @@ def _own_kernel_cause(ours: BenchRow, by_impl: dict[str, BenchRow], floor: float
     for example, softmax float32 16384x2048 at 4207c1c: 116 us through kernelgate, 68 us for the same
     configuration's own row, with torch.compile and Liger-Kernel also at half their usual speed in that case. On an
     H100 at 97469f7, cross_entropy bfloat16 8192x32000: 194.0 us through kernelgate (0.895 of copy), 192.3 us (0.903)
-    in the same configuration's own row, a gap within the spread of two timings that named no cause before.
+    in the same configuration's own row: a gap within two timings' spread, whose miss named no cause before.
     """
     found = _chosen_row(ours, by_impl) if ours.regime == "bandwidth" else None
     if found is None:

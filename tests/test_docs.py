@@ -57,3 +57,27 @@ def test_first_op_page_prints_what_it_says(tmp_path: Path) -> None:
     assert "implementation='flat', reason='tuned')" in out
     assert "reason='dtype-unsupported', count=1" in out
     assert "relu_squared(): argument 'x' must have dtype float16, bfloat16, float32 or float64; got int64." in out
+
+
+def _stated_defaults(text: str, row: str) -> dict[str, str]:
+    """The variables whose default a settings table states as a literal value, with that value."""
+    return dict(re.findall(row, text, flags=re.M))
+
+
+@pytest.mark.parametrize(
+    ("page", "row"),
+    [
+        ("README.md", r"^\| `(KERNELGATE_\w+)` \|.*\| `([^`]+)` \|$"),
+        ("src/kernelgate/settings.py", r"^``(KERNELGATE_\w+)``.*``([^`]+)``$"),
+    ],
+)
+def test_a_settings_table_states_the_defaults_the_code_has(page: str, row: str) -> None:
+    """Each variable a settings table gives a literal default for, set to that value, reads as it does unset (the
+    module's table said 0.05 for KERNELGATE_TUNE_MARGIN where the code and the README had 0.02)."""
+    from kernelgate.settings import Settings
+
+    stated = _stated_defaults((ROOT / page).read_text(), row)
+    assert {"KERNELGATE_MODE", "KERNELGATE_TUNE", "KERNELGATE_TUNE_MARGIN", "KERNELGATE_FAST_LAUNCH"} <= set(stated)
+    unset = Settings.from_env({})
+    for variable, value in stated.items():
+        assert Settings.from_env({variable: value}) == unset, f"{page}: {variable} is documented as {value!r}"

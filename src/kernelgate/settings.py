@@ -11,8 +11,8 @@ variable                        meaning                                         
 ``KERNELGATE_WARN``             warn once per (op, fallback reason)             ``1``
 ``KERNELGATE_TUNE``             ``on``: time candidates for a new shape          ``on``
                                 bucket; ``off``: never time at run time
-``KERNELGATE_TUNE_MARGIN``      how much faster than the reference a Triton     ``0.05``
-                                candidate must be to replace it (0.05 = 5 %)
+``KERNELGATE_TUNE_MARGIN``      how much faster than the reference a Triton     ``0.02``
+                                candidate must be to replace it (0.02 = 2 %)
 ``KERNELGATE_CACHE_DIR``        where tuning decisions are kept                 user cache directory
 ``KERNELGATE_CHECK_EVERY``      in check mode, compare 1 call in N              ``1``
 ``KERNELGATE_CHECK_ACTION``     on a check mismatch: ``raise``, or ``demote``   ``raise``

@@ -123,7 +123,8 @@ elif [ "$part" = ab ]; then
       > "$out/$side.txt" 2>&1
     echo "$side ($label) rc=$?"
   done
-  python3 - "$out" <<'PY'
+  # kernelgate's rows of both sides: op, dtype, shape, direction, base's and tree's fractions of copy, tree's note.
+  ( python3 - "$out" <<'PY'
 import csv, os, sys
 paths = {side: f"{sys.argv[1]}/{side}/bench.csv" for side in ("base", "tree")}
 rows = {side: {(r["op"], r["dtype"], r["shape"], r["direction"]): r for r in csv.DictReader(open(path))
@@ -133,6 +134,7 @@ for key, tree in rows["tree"].items():
     base = rows["base"].get(key)
     print(*key, base["frac_of_copy"][:5] if base else "-", tree["frac_of_copy"][:5], tree["note"][:60])
 PY
+  ) | tee "$out/compare.txt"
 elif [ "$part" = counters ]; then
   # The clocks left as found (--clock-control none); the first launch compiles and is skipped.
   for case in ${CASES:-}; do

@@ -597,3 +597,27 @@ def test_single_block_forwards_pass_every_launch_option_of_a_config(op: kernelga
     assert grid == (3,) and {k: meta[k] for k in ("num_warps", "num_stages", "num_ctas")} == {
         "num_warps": 4, "num_stages": 2, "num_ctas": 2,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("impl_name", "n_cols"), [("persistent", 1000), ("persistent_looped", 20000), ("split_rows", 20000)]
+)
+def test_persistent_and_split_rows_forwards_pass_every_launch_option_of_a_config(impl_name: str, n_cols: int) -> None:
+    """The persistent, persistent_looped and split_rows forwards launch with a config's num_stages and maxnreg (a
+    register cap: Triton compiles under it) beside num_warps, every launch of a call (split_rows' two phases
+    interpreted), and still match the reference."""
+    launch_state = importlib.import_module("kernelgate.launch").call_state
+    impl = next(impl for impl in kernelgate.softmax.implementations if impl.name == impl_name)
+    x = torch.randn((2, n_cols), generator=torch.Generator().manual_seed(3))
+    first = next(config for config in impl.candidate_configs((x, -1)) if config is not None)
+    launches: list[tuple[str, tuple[int, ...], dict[str, object]]] = []
+    saved, launch_state.launches = launch_state.launches, launches
+    try:
+        with kernelgate.use_interpreter():
+            config = {**first, "num_stages": 2, "maxnreg": 40}
+            result = run_candidate(impl, config, (x, -1), True, poison=True)
+    finally:
+        launch_state.launches = saved
+    assert compare(result, torch.softmax(x, -1), 1000) is None
+    assert len(launches) == (2 if impl_name == "split_rows" else 1)
+    assert all((meta["num_stages"], meta["maxnreg"]) == (2, 40) for _, _, meta in launches)

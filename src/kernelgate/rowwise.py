@@ -447,6 +447,14 @@ def _is_last(x: torch.Tensor, dim: int) -> bool:
 _OTHER_LAUNCH_OPTIONS = frozenset(LAUNCH_OPTIONS) - {"num_warps"}
 
 
+def with_launch_options(meta: dict[str, Any], config: Config) -> dict[str, Any]:
+    """``meta`` with the launch options ``config`` names besides num_warps (num_stages, num_ctas, maxnreg: a config
+    space may name them), which Triton takes from the launch call."""
+    if _OTHER_LAUNCH_OPTIONS.isdisjoint(config):  # the common config pays one set test
+        return meta
+    return {**meta, **{name: config[name] for name in _OTHER_LAUNCH_OPTIONS if name in config}}
+
+
 def launch_rows(
     kernel: LazyKernel,
     n_rows: int,
@@ -466,8 +474,7 @@ def launch_rows(
     """
     rows_per_program = config.get("ROWS")
     warps = config["num_warps"]
-    if not _OTHER_LAUNCH_OPTIONS.isdisjoint(config):  # a per-call path: the common config pays one set test
-        meta = {**meta, **{name: config[name] for name in _OTHER_LAUNCH_OPTIONS if name in config}}
+    meta = with_launch_options(meta, config)
     if rows_per_program is None:
         launch(kernel, (n_rows,), *operands, *scalars, BLOCK_N=block, num_warps=warps, **meta)
     else:
@@ -662,13 +669,15 @@ def launch_split_rows(
     twice under the interpreter (:func:`split_rows_phases`); raises :class:`Unsupported` where a row's programs
     outnumber the multiprocessors (:func:`split_rows_count`). ``fresh_counts``: for a kernel that does not leave its
     arrival counts zero (:func:`split_rows_buffers`). ``groups``: for a kernel whose programs loop over rows, that
-    many groups of ``n_split`` programs (:func:`split_rows_groups`) instead of a group a row."""
+    many groups of ``n_split`` programs (:func:`split_rows_groups`) instead of a group a row. The launch options the
+    config names besides num_warps go to the launch too (:func:`with_launch_options`)."""
     block = config["BLOCK_N"]
     n_split = split_rows_count(rows.tensor.device, rows.n_cols, block)
     partials, arrived, split_block = split_rows_buffers(
         rows.tensor.device, rows.n_rows, n_split, values, fresh_counts=fresh_counts
     )
     grid = ((rows.n_rows if groups is None else groups) * n_split,)
+    meta = with_launch_options(meta, config)
     for phase in split_rows_phases():
         launch(
             kernel, grid, *pointers, partials, arrived, *strides, rows.n_cols, n_split, *scalars, PHASE=phase,
@@ -827,7 +836,7 @@ def along_dim_impls(
         launch(
             persistent, grid, rows.tensor, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols,
             BLOCK_N=single_block(rows.n_cols), NUM_STAGES=config["NUM_STAGES"], num_warps=config["num_warps"],
-            EVEN_N=rows.n_cols == single_block(rows.n_cols),
+            EVEN_N=rows.n_cols == single_block(rows.n_cols), **with_launch_options({}, config),
         )  # fmt: skip
         return y if last else y.movedim(-1, dim).contiguous()
 
@@ -845,6 +854,7 @@ def along_dim_impls(
         launch(
             persistent_looped, grid, rows.tensor, y, rows.stride, rows.n_cols, rows.n_rows, rows.n_cols,
             BLOCK_N=block, num_warps=config["num_warps"], EVEN_N=rows.n_cols % block == 0,
+            **with_launch_options({}, config),
         )  # fmt: skip
         return y if last else y.movedim(-1, dim).contiguous()
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from kernelgate.config import LAUNCH_OPTIONS
+
 _settings = importlib.import_module("kernelgate.settings")  # the module: the package exports settings()
 
 __all__ = [
@@ -412,7 +414,7 @@ def launch_interpreted(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], 
     """Run a ``@triton.jit`` kernel through Triton's interpreter (Python breakpoints work inside)."""
     fn = getattr(kernel, "fn", kernel)
     # Launch options only matter to the compiler.
-    meta = {k: v for k, v in meta.items() if k not in ("num_warps", "num_stages", "num_ctas", "maxnreg")}
+    meta = {k: v for k, v in meta.items() if k not in LAUNCH_OPTIONS}
     import numpy as np
 
     # A GPU computes inf - inf = NaN silently; numpy would warn about it.

@@ -452,7 +452,8 @@ def with_launch_options(meta: dict[str, Any], config: Config) -> dict[str, Any]:
     space may name them), which Triton takes from the launch call."""
     if _OTHER_LAUNCH_OPTIONS.isdisjoint(config):  # the common config pays one set test
         return meta
-    return {**meta, **{name: config[name] for name in _OTHER_LAUNCH_OPTIONS if name in config}}
+    # A maxnreg of 0 is split_rows' "no cap" (SPLIT_ROWS_CONFIGS): Triton's is its absence.
+    return {**meta, **{name: config[name] for name in _OTHER_LAUNCH_OPTIONS if config.get(name, 0) != 0}}
 
 
 def launch_rows(
@@ -486,11 +487,11 @@ def launch_rows(
 # A block of a row is held in each program's registers (SPLIT_ROWS_PER_THREAD elements a thread), so a row of any
 # length is read once where a looped kernel reads it twice; worth it only for rows longer than one block.
 
-SPLIT_ROWS_CONFIGS = ConfigSpace(BLOCK_N=(2048, 4096, 8192, 16384), num_warps=(4, 8, 16, 32))
+SPLIT_ROWS_CONFIGS = ConfigSpace(BLOCK_N=(2048, 4096, 8192, 16384), num_warps=(4, 8, 16, 32), maxnreg=(0, 40, 48))
 # Without tuning: in the default suite on the H200, split_rows was the fastest Triton implementation in 16 buckets,
 # 13 of them at BLOCK_N 8192 and 8 warps, 3 at 4096 and 4 (benchmarks/results/h200/default-72566ba/decisions.json.gz);
 # rms_norm's forward chose 8192 and 8 too (rms-norm-split-rows-6fc0de7-a60c3ab/).
-SPLIT_ROWS_DEFAULT: Config = {"BLOCK_N": 8192, "num_warps": 8}
+SPLIT_ROWS_DEFAULT: Config = {"BLOCK_N": 8192, "num_warps": 8, "maxnreg": 0}
 SPLIT_ROWS_PER_THREAD = (4, 32)
 # The most programs a row may take (kernelgate.ops.split_rows.leave_row's encoding of the counts).
 MAX_SPLIT_PROGRAMS = 2047
@@ -584,7 +585,8 @@ def split_rows_impl(
     def prune(config: Config, *args: Any) -> bool:
         per_thread = config["BLOCK_N"] // (32 * config["num_warps"])
         low, high = SPLIT_ROWS_PER_THREAD
-        return low <= per_thread <= high and config["BLOCK_N"] < n_cols(*args)
+        capped = config.get("maxnreg", 0) != 0
+        return low <= per_thread <= high and config["BLOCK_N"] < n_cols(*args) and (not capped or per_thread == high)
 
     return TritonImpl(
         "split_rows", launcher, kernels, dtypes=dtypes, supports=supports, configs=configs,

@@ -5,6 +5,8 @@ forwards, whose programs stream a segment of the row twice instead of holding a 
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -189,15 +191,35 @@ def _long_row_args(op: Op, n: int) -> tuple[object, ...]:
 )
 def test_split_rows_takes_only_rows_longer_than_one_block(op: Op) -> None:
     """split_rows declines rows that fit one block, naming why, and keeps only blocks shorter than the row that
-    give each thread 4 to 32 elements."""
+    give each thread 4 to 32 elements; a register cap (maxnreg, 0: none) only where a thread holds 32."""
     impl = _split_rows(op)
     assert impl.supports is not None and impl.prune is not None
     args = lambda n: _long_row_args(op, n)
     assert "fit one block" in str(impl.supports(*args(16384)))
     kept = [dict(c) for c in impl.configs or () if impl.prune(c, *args(20000))]
-    assert {"BLOCK_N": 16384, "num_warps": 32} in kept and {"BLOCK_N": 16384, "num_warps": 8} not in kept
-    assert {"BLOCK_N": 2048, "num_warps": 32} not in kept  # 2 elements a thread
+    assert {"BLOCK_N": 16384, "num_warps": 32, "maxnreg": 0} in kept
+    assert {"BLOCK_N": 16384, "num_warps": 8, "maxnreg": 0} not in kept
+    assert {"BLOCK_N": 2048, "num_warps": 32, "maxnreg": 0} not in kept  # 2 elements a thread
     assert all(c["BLOCK_N"] < 20000 for c in kept)
+    capped = {(c["BLOCK_N"], c["num_warps"], c["maxnreg"]) for c in kept if c["maxnreg"]}
+    assert capped == {(block, block // 1024, cap) for block in (4096, 8192, 16384) for cap in (40, 48)}
+
+
+def test_split_rows_launches_with_the_register_cap_of_its_config() -> None:
+    """A split_rows config's maxnreg reaches the launch (Triton compiles under it), and its 0 (no cap) does not."""
+    launch_state = importlib.import_module("kernelgate.launch").call_state
+    impl = _split_rows(kernelgate.softmax)
+    args = (_rows((2, 20000), torch.float32, torch.device("cpu")), -1)
+    for cap in (0, 40):
+        launches: list[tuple[str, tuple[int, ...], dict[str, object]]] = []
+        saved, launch_state.launches = launch_state.launches, launches
+        try:
+            with kernelgate.use_interpreter():
+                result = run_candidate(impl, {"BLOCK_N": 8192, "num_warps": 8, "maxnreg": cap}, args, True, poison=True)
+        finally:
+            launch_state.launches = saved
+        assert_close(result, torch.softmax(args[0], -1))
+        assert [meta.get("maxnreg") for _, _, meta in launches] == [cap or None] * 2  # two phases interpreted
 
 
 def test_split_rows_count_refuses_more_programs_a_row_than_multiprocessors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,7 @@ from kernelgate.rowwise import (
     SPLIT_LOOPED_ABOVE,
     SPLIT_MIN_COLS,
     persistent_looped_programs,
+    with_launch_options,
 )
 from kernelgate.selection import compare, run_candidate
 
@@ -621,3 +622,14 @@ def test_persistent_and_split_rows_forwards_pass_every_launch_option_of_a_config
     assert compare(result, torch.softmax(x, -1), 1000) is None
     assert len(launches) == (2 if impl_name == "split_rows" else 1)
     assert all((meta["num_stages"], meta["maxnreg"]) == (2, 40) for _, _, meta in launches)
+
+
+def test_with_launch_options_adds_only_nonzero_options_and_leaves_meta_unchanged() -> None:
+    """with_launch_options returns the same meta where a config names no option besides num_warps, or names them
+    only as 0 (split_rows' "no register cap"), and otherwise a new dict with them; the caller's meta is not changed."""
+    meta = {"BLOCK_N": 8192}
+    assert with_launch_options(meta, {"BLOCK_N": 8192, "num_warps": 8}) is meta
+    assert with_launch_options(meta, {"BLOCK_N": 8192, "num_warps": 8, "maxnreg": 0}) is meta
+    capped = with_launch_options(meta, {"BLOCK_N": 8192, "num_warps": 8, "maxnreg": 48, "num_stages": 2})
+    assert capped == {"BLOCK_N": 8192, "maxnreg": 48, "num_stages": 2}
+    assert meta == {"BLOCK_N": 8192}

@@ -452,8 +452,13 @@ def with_launch_options(meta: dict[str, Any], config: Config) -> dict[str, Any]:
     space may name them), which Triton takes from the launch call."""
     if _OTHER_LAUNCH_OPTIONS.isdisjoint(config):  # the common config pays one set test
         return meta
-    # A maxnreg of 0 is split_rows' "no cap" (SPLIT_ROWS_CONFIGS): Triton's is its absence.
-    return {**meta, **{name: config[name] for name in _OTHER_LAUNCH_OPTIONS if config.get(name, 0) != 0}}
+    with_options = None
+    for name in _OTHER_LAUNCH_OPTIONS.intersection(config):
+        # A maxnreg of 0 is split_rows' "no cap" (SPLIT_ROWS_CONFIGS): Triton's is its absence.
+        if config[name] != 0:
+            with_options = with_options or dict(meta)
+            with_options[name] = config[name]
+    return meta if with_options is None else with_options
 
 
 def launch_rows(

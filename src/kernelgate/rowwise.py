@@ -492,6 +492,12 @@ def launch_rows(
 # A block of a row is held in each program's registers (SPLIT_ROWS_PER_THREAD elements a thread), so a row of any
 # length is read once where a looped kernel reads it twice; worth it only for rows longer than one block.
 
+# maxnreg is a register cap (0: none), tuned only where a thread holds 32 elements: uncapped, softmax's bf16 kernel at
+# 8192 / 8 warps keeps 63 registers a thread (its 32 exponentials issued at once) and 4 programs a multiprocessor;
+# capped at 48, 5 programs while a row's programs wait, and no local memory
+# (benchmarks/results/cpu/kernel-resources-split-rows-maxnreg/). On an H100 the cap of 48 won softmax bf16 and
+# log_softmax float32 at rows of 65536 and 131072, 2 to 5 % faster, and tuning kept no cap in the norms
+# (benchmarks/results/h100/ab-split-rows-register-cap-5ef5e01-a88bc97/).
 SPLIT_ROWS_CONFIGS = ConfigSpace(BLOCK_N=(2048, 4096, 8192, 16384), num_warps=(4, 8, 16, 32), maxnreg=(0, 40, 48))
 # Without tuning: in the default suite on the H200, split_rows was the fastest Triton implementation in 16 buckets,
 # 13 of them at BLOCK_N 8192 and 8 warps, 3 at 4096 and 4 (benchmarks/results/h200/default-72566ba/decisions.json.gz);

@@ -7,6 +7,7 @@ sleeps whose ratios are large (at least 3x), so no result depends on timing nois
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -151,6 +152,43 @@ def test_a_tie_goes_to_the_reference_without_a_fallback() -> None:
     assert kernelgate.fallbacks() == []
     with kernelgate.use_interpreter(), kernelgate.use_mode("triton"):
         assert (op.plan(x).name, op.plan(x).reason) == ("same", Reason.CACHED), "mode triton takes the best Triton"
+
+
+def test_a_decision_keeps_its_finalists_screen_times_and_the_allocators_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the candidates were screened, the decision keeps each finalist's screen time beside its full timing
+    (a large gap between the two says a timing was disturbed), and the caching allocator's retries while tuning
+    where there were any; neither key is written where there is nothing to say."""
+    calls: list[str] = []
+    first = TritonImpl("first", launcher(calls, "first"))
+    second = TritonImpl("second", launcher(calls, "second"))
+    op = doubling_op("kgsel_screened", calls, first, second)
+    time_passing = selection._time_passing
+
+    def screened_as_on_a_gpu(passed: Any, device: torch.device, interpret: bool) -> list[selection.CandidateResult]:
+        results = time_passing(passed, device, interpret)
+        screen = {"first": 11.0, "second": 25.0}
+        return [dataclasses.replace(r, screen_us=screen[r.implementation]) for r in results]
+
+    retries = iter([3, 5])
+    monkeypatch.setattr(selection, "_time_passing", screened_as_on_a_gpu)
+    monkeypatch.setattr(selection, "_alloc_retries", lambda device: next(retries))
+    x = torch.randn(8)
+    with kernelgate.use_interpreter():
+        op(x)
+    [entry] = cache_entries().values()
+    assert entry["finalists_screen_us"] == {"first": 11.0, "second": 25.0}
+    assert set(entry["finalists_screen_us"]) <= set(entry["candidates"])
+    assert entry["alloc_retries"] == 2
+
+    monkeypatch.setattr(selection, "_time_passing", time_passing)
+    monkeypatch.setattr(selection, "_alloc_retries", lambda device: 3)
+    plain = doubling_op("kgsel_unscreened", calls, TritonImpl("only", launcher(calls, "only")))
+    with kernelgate.use_interpreter():
+        plain(x)
+    entry = next(e for e in cache_entries().values() if e["op"] == "kgsel_unscreened")
+    assert "finalists_screen_us" not in entry and "alloc_retries" not in entry
 
 
 def phased_launcher(
@@ -1095,10 +1133,12 @@ def test_many_passing_candidates_are_screened_and_only_finalists_get_the_full_ti
     assert by_block[1].time_us == 10.5, "a finalist's time is its full timing"
     assert by_block[5].verdict == "screened" and by_block[5].time_us is None
     assert by_block[5].detail == "50.0 us in the screen; not among the 4 fastest"
+    assert (by_block[1].screen_us, by_block[5].screen_us) == (10.0, 50.0), "finalist or not, the screen time is kept"
 
     timed.clear()
     few = selection._time_passing(passed[:4], torch.device("cuda"), interpret=False)
     assert [r.verdict for r in few] == ["pass"] * 4 and all(not screen for _, screen in timed), "no screen for 4"
+    assert all(r.screen_us is None for r in few)
     timed.clear()
     on_cpu = selection._time_passing(passed, torch.device("cpu"), interpret=True)
     assert all(r.verdict == "pass" for r in on_cpu) and all(not screen for _, screen in timed), "no screen off a GPU"

@@ -116,6 +116,7 @@ class CandidateResult:
     verdict: str  # "pass", "screened" (passed, slower in the screen), "mismatch", "error", "unsupported"
     time_us: float | None = None
     detail: str = ""
+    screen_us: float | None = None  # its time in the screen, where there was one (see FINALISTS)
 
     @property
     def label(self) -> str:
@@ -491,10 +492,11 @@ def _time_passing(
     results = []
     for i, (impl, config, _) in enumerate(passed):
         if i in finalists:
-            results.append(CandidateResult(impl.name, config, "pass", time_us(call(i), device)))
+            full_us = time_us(call(i), device)
+            results.append(CandidateResult(impl.name, config, "pass", full_us, screen_us=screened.get(i)))
         else:
             detail = f"{screened[i]:.1f} us in the screen; not among the {FINALISTS} fastest"
-            results.append(CandidateResult(impl.name, config, "screened", detail=detail))
+            results.append(CandidateResult(impl.name, config, "screened", detail=detail, screen_us=screened[i]))
     return results
 
 
@@ -517,6 +519,14 @@ def tune(
     return _tune_here(op, values, device, impls, interpret, margin)
 
 
+def _alloc_retries(device: torch.device) -> int:
+    """How many times the caching allocator has freed its cache to retry a failed device allocation on ``device`` (0
+    off a CUDA GPU)."""
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
+
 def _tune_here(
     op: Op,
     values: tuple[Any, ...],
@@ -529,6 +539,7 @@ def _tune_here(
     reduction = op.reduction_length(*values)
     expected = op.run_reference(*clone_args(values, op.mutated_positions))
     truth = float64_truth(op, values)
+    retries_before = _alloc_retries(device)
     started = time.perf_counter()
     ahead = _compile_candidates(op, values, impls) if device.type != "cpu" and not interpret else None
     compiled = time.perf_counter()
@@ -603,6 +614,8 @@ def _tune_here(
         why += confirmed
     else:
         winner, why = None, "no Triton candidate passed the correctness gate"
+    finalists_screen = {r.label: round(r.screen_us, 2) for r in results if r.verdict == "pass" and r.screen_us}
+    alloc_retries = _alloc_retries(device) - retries_before
     entry = {
         "op": op.name,
         "implementation": winner.implementation if winner else "reference",
@@ -614,6 +627,12 @@ def _tune_here(
         "reference_us": round(reference_us, 2),
         # Where the best candidate's lead was confirmed (CONFIRM_WITHIN): each side's timings, alternating.
         **({"head_to_head": head_to_head} if head_to_head is not None else {}),
+        # The finalists' times in the screen (the device's alone), beside their full timing in "candidates" (the
+        # host's where larger): where a finalist's device time decides, a wide gap says one timing was disturbed.
+        **({"finalists_screen_us": finalists_screen} if finalists_screen else {}),
+        # Where the caching allocator freed its cache and retried a device allocation while tuning (each retry
+        # synchronises the device, inside whichever timing it fell in).
+        **({"alloc_retries": alloc_retries} if alloc_retries else {}),
         "candidates": {
             r.label: round(r.time_us, 2) if r.time_us is not None else f"{r.verdict}: {r.detail}"[:300] for r in results
         },

@@ -23,7 +23,7 @@
 #                                     with VARIANT_ARGS (e.g. "--op softmax --lengths 65536 131072")
 #   benchmarks/run_gpu.sh counters OUT Nsight Compute's counters (ncu) of benchmarks/run_kernel.py's second launch for
 #                                     each of CASES, space-separated op:shape:dtype:impl:config (the config's
-#                                     commas kept, e.g. softmax:512x131072:bfloat16:split_rows:BLOCK_N=8192,num_warps=8)
+#                                     commas kept, e.g. softmax:512x131072:bfloat16:split_rows:BLOCK_N=8192,maxnreg=0,num_warps=8)
 # STACKS_AFTER=S (any part): every Python process of the call (the run, its precompile and compile workers) writes
 # its threads' stacks to OUT/stacks/stacks-PID.txt every 15 s from S seconds after it starts, to show where a call
 # that stalls spends its time (a default suite on an H100 at d1e3a00 made no decision for 2 minutes inside

@@ -23,9 +23,9 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_configuration_of_an_implementation_is_launched_the_calls_asked() -> None:
     """The split_rows forward of rms_norm at one configuration runs (off a GPU through the interpreter)."""
     result = _run("--op", "rms_norm", "--shape", "4x9000", "--dtype", "float32", "--impl", "split_rows",
-                  "--config", "BLOCK_N=2048,num_warps=4", "--calls", "2")  # fmt: skip
+                  "--config", "BLOCK_N=2048,maxnreg=0,num_warps=4", "--calls", "2")  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "rms_norm 4x9000 float32 split_rows[BLOCK_N=2048,num_warps=4]: 2 call(s) on " in result.stdout
+    assert "rms_norm 4x9000 float32 split_rows[BLOCK_N=2048,maxnreg=0,num_warps=4]: 2 call(s) on " in result.stdout
 
 
 @pytest.mark.parametrize(

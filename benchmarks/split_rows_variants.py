@@ -18,6 +18,10 @@ a clock each), against 63 us for the copy. The variants:
 - ``single_block_reciprocal``, ``persistent_reciprocal``: the package's single-block and persistent kernels with
   ``e * (1 / s)`` for ``e / s``.
 - for rms_norm, ``split_rows`` (the package's), ``split_last`` and ``split_volatile``: the waits above.
+- ``split_grouped`` (softmax and rms_norm): the package's split_rows kernel with a row's programs in groups that loop
+  over every ``groups``-th row, as the norms' split_rows backwards do (``rowwise.split_rows_groups``: PER_SM programs
+  a multiprocessor), and PREFETCH, the group's next row loaded between this row's arrival and its wait, so that a
+  program's wait overlaps its next read rather than only other programs' reads.
 
 The results at 3296d94 (``benchmarks/results/h200/split-rows-variants-3296d94/``) made the package's split_rows
 kernels wait as ``split_one_exp_last`` does, and its softmax forward take one exponential an element: from then
@@ -58,6 +62,7 @@ measured in the same run (bytes: x read, y written). With ``--interpret`` the ke
 Triton's interpreter and are only checked.
 
     python benchmarks/split_rows_variants.py --out results.json
+    python benchmarks/split_rows_variants.py --op softmax --only split_rows --only split_grouped --out results.json
     python benchmarks/split_rows_variants.py --interpret --rows 3 --lengths 20000 --out check.json
 """
 
@@ -78,11 +83,22 @@ from variant_timing import argument_parser, check_and_time, package_impl, run_ca
 
 import kernelgate
 from kernelgate import rowwise
+from kernelgate.config import ConfigSpace
 from kernelgate.launch import LazyKernel
 from kernelgate.op import TritonImpl
 from kernelgate.ops.layer_norm.kernels import _add_pair, _block_stats
-from kernelgate.ops.split_rows import load_row_partials, split_row_block, split_row_pair, widen_after_wait
-from kernelgate.ops.tiles import load_tile, store_tile
+from kernelgate.ops.split_rows import (
+    arrive_at_row,
+    leave_row,
+    load_row_partials,
+    merge_max_and_sum,
+    row_group_block,
+    split_row_block,
+    split_row_pair,
+    wait_until_arrived,
+    widen_after_wait,
+)
+from kernelgate.ops.tiles import exp_below_max, load_tile, store_tile
 
 rms_norm_module = importlib.import_module("kernelgate.ops.rms_norm")
 layer_norm_module = importlib.import_module("kernelgate.ops.layer_norm")
@@ -253,12 +269,96 @@ def _layer_norm_stats_kernel(
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
+@triton.jit
+def _softmax_grouped_kernel(
+    x_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, n_rows, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """The package's split_rows softmax with a row's programs in groups that loop over every ``groups``-th row (as
+    the norms' split_rows backwards do); PREFETCH: the block of the group's next row is loaded between this row's
+    arrival and its wait."""
+    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
+    x_next = load_tile(x_ptr + group * stride_xm + cols, mask, -float("inf"), EVEN_N, "")
+    for row in range(group, n_rows, groups):
+        x_in = x_next if PREFETCH else load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "")
+        x = x_in.to(tl.float32)
+        partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
+        m_block = tl.max(x, axis=0) if PHASE != 2 else tl.load(partial_row + part)
+        if x_in.dtype != tl.float32:
+            e = exp_below_max(x, m_block)
+        else:
+            e = tl.where(x == -float("inf"), 0.0, tl.exp(x - m_block))
+        if PHASE != 2:
+            tl.store(partial_row + part, m_block)
+            tl.store(partial_row + SPLIT_BLOCK + part, tl.sum(e, axis=0))
+        seen = 0
+        if PHASE == 0:
+            seen = arrive_at_row(arrived_ptr, row)
+        if PREFETCH:
+            following = tl.minimum(row + groups, n_rows - 1)
+            x_next = load_tile(x_ptr + following * stride_xm + cols, mask, -float("inf"), EVEN_N, "")
+        if PHASE == 0:
+            wait_until_arrived(arrived_ptr, row, n_split, seen)
+        if PHASE != 1:
+            m_parts = load_row_partials(partial_row, 0, n_split, -float("inf"), SPLIT_BLOCK)
+            s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+            if PHASE == 0:
+                leave_row(arrived_ptr, row, part, n_split)
+            m, s = merge_max_and_sum(m_parts, s_parts)
+            y = e * (tl.exp(m_block - m) / s)
+            store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
+@triton.jit
+def _rms_norm_grouped_kernel(
+    x_ptr, w_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, n_rows, eps,
+    HAS_WEIGHT: tl.constexpr, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """The package's split_rows rms_norm with a row's programs in groups that loop over rows (as
+    ``_softmax_grouped_kernel``)."""
+    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
+    x_next = load_tile(x_ptr + group * stride_xm + cols, mask, 0.0, EVEN_N, "")
+    for row in range(group, n_rows, groups):
+        x_in = x_next if PREFETCH else load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "")
+        x = x_in.to(tl.float32)
+        partial_row = partial_ptr + row * SPLIT_BLOCK
+        if PHASE != 2:
+            tl.store(partial_row + part, tl.sum(x * x, axis=0))
+        seen = 0
+        if PHASE == 0:
+            seen = arrive_at_row(arrived_ptr, row)
+        if PREFETCH:
+            following = tl.minimum(row + groups, n_rows - 1)
+            x_next = load_tile(x_ptr + following * stride_xm + cols, mask, 0.0, EVEN_N, "")
+        if PHASE == 0:
+            wait_until_arrived(arrived_ptr, row, n_split, seen)
+        if PHASE != 1:
+            total = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
+            if PHASE == 0:
+                leave_row(arrived_ptr, row, part, n_split)
+            y = widen_after_wait(x_in) * tl.rsqrt(total / n_cols + eps)
+            if HAS_WEIGHT:
+                y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
 _STEM = Path(__file__).stem
 SOFTMAX_ONE_EXP = LazyKernel(_STEM, "_softmax_one_exp_kernel")
 SOFTMAX_RECIPROCAL = LazyKernel(_STEM, "_softmax_reciprocal_kernel")
 SOFTMAX_PERSISTENT_RECIPROCAL = LazyKernel(_STEM, "_softmax_persistent_reciprocal_kernel")
 RMS_NORM_WAIT = LazyKernel(_STEM, "_rms_norm_wait_kernel")
 LAYER_NORM_STATS = LazyKernel(_STEM, "_layer_norm_stats_kernel")
+SOFTMAX_GROUPED = LazyKernel(_STEM, "_softmax_grouped_kernel")
+RMS_NORM_GROUPED = LazyKernel(_STEM, "_rms_norm_grouped_kernel")
+# The grouped variants' configurations: blocks of 8192 and 16384 columns at 16 or 32 elements a thread, with or without
+# the next row's block loaded during the wait, and 2 to 5 programs a multiprocessor.
+GROUPED_CONFIGS = ConfigSpace(BLOCK_N=(8192, 16384), num_warps=(8, 16), PER_SM=(2, 3, 4, 5), PREFETCH=(0, 1))
+
+
+def _grouped_prune(config: Any, x: torch.Tensor, *args: Any) -> bool:
+    per_thread = config["BLOCK_N"] // (32 * config["num_warps"])
+    return 16 <= per_thread <= 32 and config["BLOCK_N"] < x.shape[-1]
 
 
 def _softmax_split_variant(name: str, wait: int) -> TritonImpl:
@@ -322,10 +422,49 @@ def _layer_norm_split_variant(name: str, stats: int) -> TritonImpl:
     return dataclasses.replace(package, name=name, launcher=launch, kernels=(LAYER_NORM_STATS,))
 
 
+def _softmax_grouped_variant() -> TritonImpl:
+    package = package_impl(kernelgate.softmax, "split_rows")
+
+    def launch(x: torch.Tensor, dim: int = -1, *, config: Any) -> torch.Tensor:
+        rows = rowwise.as_rows(x, "x")
+        y = torch.empty_like(x)
+        groups = rowwise.split_rows_groups(x.device, rows.n_rows, rows.n_cols, config["BLOCK_N"], config["PER_SM"])
+        rowwise.launch_split_rows(
+            SOFTMAX_GROUPED, rows, (rows.tensor, y), (rows.stride, rows.n_cols), (rows.n_rows,), 2, config=config,
+            groups=groups, PREFETCH=bool(config["PREFETCH"]), EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
+        )  # fmt: skip
+        return y
+
+    return dataclasses.replace(
+        package, name="split_grouped", launcher=launch, kernels=(SOFTMAX_GROUPED,), configs=GROUPED_CONFIGS,
+        default_config=None, prune=_grouped_prune,
+    )  # fmt: skip
+
+
+def _rms_norm_grouped_variant() -> TritonImpl:
+    package = package_impl(kernelgate.rms_norm, "split_rows")
+
+    def launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float = EPS, *, config: Any) -> torch.Tensor:
+        rows, w, y = rms_norm_module._forward_operands(x, weight)
+        groups = rowwise.split_rows_groups(x.device, rows.n_rows, rows.n_cols, config["BLOCK_N"], config["PER_SM"])
+        rowwise.launch_split_rows(
+            RMS_NORM_GROUPED, rows, (rows.tensor, w, y), (rows.stride, rows.n_cols), (rows.n_rows, eps), 1,
+            config=config, groups=groups, HAS_WEIGHT=weight is not None, PREFETCH=bool(config["PREFETCH"]),
+            EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
+        )  # fmt: skip
+        return y
+
+    return dataclasses.replace(
+        package, name="split_grouped", launcher=launch, kernels=(RMS_NORM_GROUPED,), configs=GROUPED_CONFIGS,
+        default_config=None, prune=_grouped_prune,
+    )  # fmt: skip
+
+
 def variants(op_name: str) -> list[TritonImpl]:
     if op_name == "softmax":
         return [
             package_impl(kernelgate.softmax, "split_rows"),
+            _softmax_grouped_variant(),
             _softmax_split_variant("split_one_exp", WAIT_PACKAGE),
             _softmax_split_variant("split_one_exp_last", WAIT_LAST),
             _softmax_split_variant("split_one_exp_volatile", WAIT_VOLATILE),
@@ -345,15 +484,23 @@ def variants(op_name: str) -> list[TritonImpl]:
         ]
     return [
         package_impl(kernelgate.rms_norm, "split_rows"),
+        _rms_norm_grouped_variant(),
         _rms_norm_split_variant("split_last", WAIT_LAST),
         _rms_norm_split_variant("split_volatile", WAIT_VOLATILE),
     ]
 
 
 def measure_case(
-    op_name: str, dtype: torch.dtype, rows: int, n: int, device: torch.device, interpret: bool
+    op_name: str,
+    only: Sequence[str] | None,
+    dtype: torch.dtype,
+    rows: int,
+    n: int,
+    device: torch.device,
+    interpret: bool,
 ) -> list[dict[str, Any]]:
-    """Check, then (on a GPU) time, every configuration of each variant of ``op_name`` at a ``rows`` x ``n`` input."""
+    """Check, then (on a GPU) time, every configuration of each variant of ``op_name`` (of those named in ``only``,
+    when given) at a ``rows`` x ``n`` input."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = (torch.randn(rows, n, generator=gen) * 3).to(device=device, dtype=dtype)
     if op_name == "softmax":
@@ -367,14 +514,18 @@ def measure_case(
         op, values = kernelgate.rms_norm, (x, w, EPS)
     nbytes = 2 * rows * n * x.element_size()
     # A configuration that cannot run here (resources, shape) is reported, not fatal.
-    return check_and_time(op, variants(op_name), values, n, nbytes, interpret, record_errors=True)
+    chosen = [impl for impl in variants(op_name) if only is None or impl.name in only]
+    return check_and_time(op, chosen, values, n, nbytes, interpret, record_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argument_parser(__doc__, DEFAULT_LENGTHS)
     parser.add_argument("--op", action="append", choices=["softmax", "rms_norm", "layer_norm"])
+    parser.add_argument("--only", action="append", metavar="VARIANT", help="only this variant (repeatable)")
     args = parser.parse_args(argv)
-    groups = [({"op": name}, functools.partial(measure_case, name)) for name in args.op or ["softmax", "rms_norm"]]
+    groups = [
+        ({"op": name}, functools.partial(measure_case, name, args.only)) for name in args.op or ["softmax", "rms_norm"]
+    ]
     return run_cases(args, Path(__file__).name, groups)
 
 

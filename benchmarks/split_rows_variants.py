@@ -21,7 +21,9 @@ a clock each), against 63 us for the copy. The variants:
 - ``split_grouped`` (softmax and rms_norm): the package's split_rows kernel with a row's programs in groups that loop
   over every ``groups``-th row, as the norms' split_rows backwards do (``rowwise.split_rows_groups``: PER_SM programs
   a multiprocessor), and PREFETCH, the group's next row loaded between this row's arrival and its wait, so that a
-  program's wait overlaps its next read rather than only other programs' reads.
+  program's wait overlaps its next read rather than only other programs' reads. On an H100 at 137b566
+  (``benchmarks/results/h100/split-rows-grouped-forward-137b566/``) it was slower at every long row: softmax 1.6 to
+  5.3 %, rms_norm 5.8 to 14.3 %, and PREFETCH slower still; the package kept its one-row-a-program grids.
 
 The results at 3296d94 (``benchmarks/results/h200/split-rows-variants-3296d94/``) made the package's split_rows
 kernels wait as ``split_one_exp_last`` does, and its softmax forward take one exponential an element: from then

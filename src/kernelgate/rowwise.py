@@ -456,7 +456,8 @@ def with_launch_options(meta: dict[str, Any], config: Config) -> dict[str, Any]:
     for name in _OTHER_LAUNCH_OPTIONS.intersection(config):
         # A maxnreg of 0 is split_rows' "no cap" (SPLIT_ROWS_CONFIGS): Triton's is its absence.
         if config[name] != 0:
-            with_options = with_options or dict(meta)
+            if with_options is None:
+                with_options = dict(meta)
             with_options[name] = config[name]
     return meta if with_options is None else with_options
 

@@ -234,7 +234,19 @@ def _layer_norm_stats_kernel(
         s1, s2 = tl.reduce((d, d * d), 0, _add_pair)
         mean_part = s1 / count
         m2_part = tl.maximum(s2 - s1 * mean_part, 0.0)
-    elif STATS >= 1 and x_in.dtype == tl.bfloat16:
+    elif STATS == 5 and x_in.dtype == tl.float32:
+        # The package's statistics with the deviations formed again for the second reduction: from x plus a zero
+        # the compiler cannot fold (k * 0.0; adding a zero changes at most a zero's sign, which the square and the
+        # subtraction of k lose), so that only the loaded block, not the deviations beside it, stays live.
+        d = x_in - k
+        if not EVEN_N:
+            d = tl.where(mask, d, 0.0)
+        mean_part = tl.sum(d, axis=0) / count
+        e = ((x_in + k * 0.0) - k) - mean_part
+        if not EVEN_N:
+            e = tl.where(mask, e, 0.0)
+        m2_part = tl.sum(e * e, axis=0)
+    elif STATS >= 1 and x_in.dtype == tl.bfloat16:  # STATS 5 in bfloat16 is STATS 4
         # The package's statistics, with the deviations formed again for the second reduction by a route the
         # compiler does not merge with the first's, so only the loaded block stays live across the first.
         d = x_in.to(tl.float32) - k
@@ -260,6 +272,10 @@ def _layer_norm_stats_kernel(
         elif STATS == 3:
             x = x_in.to(tl.float32)
         elif STATS == 4 and x_in.dtype == tl.bfloat16:
+            x = (x_in.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        elif STATS == 5 and x_in.dtype == tl.float32:
+            x = x_in + k * 0.5 * 0.0  # a third route: the second reduction's is not kept across the wait either
+        elif STATS == 5 and x_in.dtype == tl.bfloat16:
             x = (x_in.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
         else:
             x = widen_after_wait(x_in)
@@ -481,6 +497,8 @@ def variants(op_name: str) -> list[TritonImpl]:
             _layer_norm_split_variant("split_recompute", 1),
             _layer_norm_split_variant("split_pair_unsafe", 2),
             _layer_norm_split_variant("split_recompute_zext_after", 4),
+            _layer_norm_split_variant("split_recompute_zero", 5),
+            package_impl(kernelgate.layer_norm, "split_looped"),
             package_impl(kernelgate.layer_norm, "looped"),
             package_impl(kernelgate.layer_norm, "single_block"),
         ]

@@ -28,10 +28,30 @@ def test_every_variant_matches_the_reference_interpreted(variants_script: Module
     assert [(c["op"], c["shape"]) for c in result["cases"]] == [("softmax", [2, 20000]), ("rms_norm", [2, 20000])]
     softmax, rms_norm = ({r["variant"] for r in c["results"]} for c in result["cases"])
     assert softmax == {
-        "split_rows", "split_one_exp", "split_one_exp_last", "split_one_exp_volatile", "looped", "single_block",
-        "single_block_reciprocal", "persistent", "persistent_reciprocal",
+        "split_rows", "split_grouped", "split_one_exp", "split_one_exp_last", "split_one_exp_volatile", "looped",
+        "single_block", "single_block_reciprocal", "persistent", "persistent_reciprocal",
     }  # fmt: skip
-    assert rms_norm == {"split_rows", "split_last", "split_volatile"}
+    assert rms_norm == {"split_rows", "split_grouped", "split_last", "split_volatile"}
     for case in result["cases"]:
+        for r in case["results"]:
+            assert r["matches_reference"] is True and "time_us" not in r, r
+
+
+def test_only_times_the_named_variants_and_layer_norm_offers_its_split_variants(
+    variants_script: ModuleType, tmp_path: Path
+) -> None:
+    """``--only`` keeps the named variants and drops the rest; layer_norm's split variants, split_recompute_zero's
+    float32 deviations formed again among them, match the reference interpreted (in bfloat16 too: split_looped runs
+    only for 2-byte inputs)."""
+    out = tmp_path / "variants.json"
+    only = ["--only", "split_rows", "--only", "split_recompute_zero", "--only", "split_looped"]
+    args = ["--interpret", "--op", "layer_norm", "--rows", "2", "--lengths", "40000", *only, "--out", str(out)]
+    assert variants_script.main(args) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert [(c["op"], c["dtype"]) for c in cases] == [("layer_norm", "float32"), ("layer_norm", "bfloat16")]
+    float32, bfloat16 = ({r["variant"] for r in c["results"]} for c in cases)
+    assert float32 == {"split_rows", "split_recompute_zero"}
+    assert bfloat16 == {"split_rows", "split_recompute_zero", "split_looped"}
+    for case in cases:
         for r in case["results"]:
             assert r["matches_reference"] is True and "time_us" not in r, r

@@ -52,6 +52,12 @@ float32 ``d`` stays live through the first beside the loaded block. The variants
   the reference check).
 - ``split_pair_unsafe``: one reduction of the pair (sum of d, sum of d * d), the block's squared deviations taken
   as their difference: its speed only, since that difference cancels where ``k`` lies far from the row's mean.
+- ``split_recompute_zero``: in float32, the deviations formed again for the second reduction from x plus a zero the
+  compiler cannot fold (``k * 0.0``), and after the wait from x plus another; in bfloat16 it is
+  ``split_recompute_zext_after``. Compiled for sm_90 by Triton 3.6.0 its float32 kernel keeps 80 registers a thread
+  at BLOCK_N 8192 and 8 warps, the package's 79: ptxas, not the deviations, holds them there. Not yet timed.
+- the package's ``split_looped`` (bfloat16 rows longer than 32768), which tuning chose over split_rows at bfloat16
+  rows of 65536 and 131072.
 
 At 8ae2238 (``benchmarks/results/h200/layer-norm-split-stats-8ae2238/``) forming the deviations again cut the bfloat16
 split kernel's time by 2 to 13 %, still behind the looped kernel, which the pair only tied at 512x131072: the

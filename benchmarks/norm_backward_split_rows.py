@@ -18,6 +18,17 @@ exchange, paid once a row, is the suspect this variant tests. Measured on an H10
 (``results/h100/norm-backward-split-rows-lagged-8d8bed0``), it is not: 0.95 to 1.06 times the package kernel's
 time. Its ``PREFETCH=1`` configurations fail the check there (the interpreter passes them); cause not found.
 
+A second variant, ``split_rows_staged`` (rms_norm's and add_rms_norm's backwards), asks Triton to pipeline the row
+loop instead: ``tl.range`` stages make the next row's loads asynchronous copies into shared memory, in flight during
+the wait, where PREFETCH keeps the next blocks in registers (the package's kernel in bfloat16 at BLOCK_N 4096 and 8
+warps: 109 registers a thread with PREFETCH, 80 without). Triton's pipeliner (3.6 and 3.9) takes no loop that holds
+another loop or a ``tl.debug_barrier``, so the wait polls in inline assembly (each thread an acquiring load until
+the row's count says all arrived or leaving) and the barrier before the arrival is inline assembly too. Its
+``PREFETCH`` names the stages: 0 one (no copies ahead), 1 two. Compiled for sm_90 by Triton 3.6.0 without a GPU
+(``results/compile-sm90/rms-norm-backward-staged-registers.txt``) its loop holds asynchronous copies (``cp.async``)
+where the package's holds none, at about the registers of the package's PREFETCH (113 against 109 at 4096 / 8
+warps). Not yet timed or checked on a GPU (the interpreter runs the two-launch form, without the assembly).
+
     python benchmarks/norm_backward_split_rows.py --out split-rows.json
     python benchmarks/norm_backward_split_rows.py --interpret --rows 5 --lengths 9000 --out check.json
 """
@@ -128,11 +139,11 @@ def _rms_norm_bwd_lagged_kernel(
 LAGGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_lagged_kernel")
 
 
-def lagged_variant(op: Op) -> TritonImpl:
-    """``op``'s split_rows implementation (rms_norm's or add_rms_norm's backward) with the lagged kernel in place of
-    the package's, at the same configurations."""
+def lagged_variant(op: Op, kernel: LazyKernel = LAGGED, name: str = "split_rows_lagged") -> TritonImpl:
+    """``op``'s split_rows implementation (rms_norm's or add_rms_norm's backward) with ``kernel`` (by default the
+    lagged one) in place of the package's, at the same configurations, named ``name``."""
     split_rows = package_impl(op, "split_rows")
-    run = functools.partial(rms_norm_module.run_backward_split_rows, kernel=LAGGED)
+    run = functools.partial(rms_norm_module.run_backward_split_rows, kernel=kernel)
 
     def launch(*args: Any, config: Any) -> Any:
         if op.name == "add_rms_norm_backward":  # (grad, grad_s, s, weight, eps)
@@ -140,9 +151,84 @@ def lagged_variant(op: Op) -> TritonImpl:
         grad, x, weight, eps = args
         return run(grad, None, x, weight, eps, config)
 
-    return dataclasses.replace(
-        split_rows, name="split_rows_lagged", launcher=launch, kernels=(LAGGED, rowwise.PARTIAL_SUMS)
+    return dataclasses.replace(split_rows, name=name, launcher=launch, kernels=(kernel, rowwise.PARTIAL_SUMS))
+
+
+@triton.jit
+def _wait_by_polling(arrived_ptr, row, n_split, seen):
+    """:func:`~kernelgate.ops.split_rows.wait_until_arrived` as one inline-assembly loop, which Triton's pipeliner
+    does not see as a loop: each thread loads the row's count (acquire, device scope) until it is ``n_split`` or
+    more, or negative (programs leaving), read as unsigned so that both end the wait; ``seen`` first."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred %p; .reg .b32 %v; mov.b32 %v, $2; "
+        "poll${:uid}: setp.lt.u32 %p, %v, $3; @!%p bra done${:uid}; "
+        "ld.acquire.gpu.global.b32 %v, [$1]; bra poll${:uid}; done${:uid}: mov.b32 $0, %v; }",
+        "=r,l,r,r",
+        [arrived_ptr + row, seen, n_split],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
     )
+
+
+@triton.jit
+def _arrive_after_barrier(arrived_ptr, row):
+    """:func:`~kernelgate.ops.split_rows.arrive_at_row` with its barrier in inline assembly: Triton's pipeliner
+    leaves a loop that holds a ``tl.debug_barrier`` alone. The count's add takes the barrier's output (0), so it
+    follows it."""
+    after = tl.inline_asm_elementwise(
+        "bar.sync 0; mov.b32 $0, 0;", "=r,r", [row], dtype=tl.int32, is_pure=False, pack=1
+    )
+    return tl.atomic_add(arrived_ptr + row, 1 + after, sem="acq_rel") + 1
+
+
+@triton.jit
+def _rms_norm_bwd_staged_kernel(
+    dy_ptr, ds_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, partial_ptr, arrived_ptr, stride_dym, stride_dsm, stride_xm,
+    stride_dxm, n_cols, n_split, n_rows, eps, HAS_DS: tl.constexpr, HAS_WEIGHT: tl.constexpr, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """The package's ``_rms_norm_bwd_split_rows_kernel`` (same arguments, grid and results) with its row loop in
+    ``tl.range`` stages (``1 + PREFETCH``): the next row's blocks are copied ahead into shared memory, not held in
+    registers, and the wait polls in inline assembly (:func:`_wait_by_polling`) so that the loop stays one Triton
+    can pipeline."""
+    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    for row in tl.range(group, n_rows, groups, num_stages=1 + PREFETCH):
+        x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
+        x = x_in.to(tl.float32)
+        g = dy_in.to(tl.float32)
+        if HAS_WEIGHT:
+            g = g * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
+        if PHASE != 2:
+            tl.store(partial_row + part, tl.sum(x * x, axis=0))
+            tl.store(partial_row + SPLIT_BLOCK + part, tl.sum(g * x, axis=0))
+        if PHASE == 0:
+            _wait_by_polling(arrived_ptr, row, n_split, _arrive_after_barrier(arrived_ptr, row))
+        if PHASE != 1:
+            sum_xx = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
+            sum_gx = tl.sum(load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)
+            if PHASE == 0:
+                leave_row(arrived_ptr, row, part, n_split)
+            rstd = tl.rsqrt(sum_xx / n_cols + eps)
+            c = rstd * rstd * rstd * (sum_gx / n_cols)
+            x = widen_after_wait(x_in)
+            dy = widen_after_wait(dy_in)
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            dx = rstd * g - c * x
+            if HAS_DS:
+                dx += load_tile(ds_ptr + row * stride_dsm + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            store_tile(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")
+            if HAS_WEIGHT:
+                dw += dy * (x * rstd)
+    if HAS_WEIGHT and PHASE != 1:
+        store_tile(dw_ptr + group * n_cols + cols, dw, mask, EVEN_N, "")
+
+
+STAGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_staged_kernel")
 
 
 def measure_case(
@@ -156,7 +242,7 @@ def measure_case(
     nbytes = ((tensors_read + 1) * rows * n + n) * dtype.itemsize
     impls = [impl for impl in op.implementations if impl.name in IMPLEMENTATIONS]
     if op.name != "layer_norm_backward":
-        impls.append(lagged_variant(op))
+        impls += [lagged_variant(op), lagged_variant(op, STAGED, "split_rows_staged")]
     return check_and_time(op, impls, values, op.reduction_length(*values), nbytes, interpret)
 
 

@@ -139,10 +139,11 @@ def _rms_norm_bwd_lagged_kernel(
 LAGGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_lagged_kernel")
 
 
-def lagged_variant(op: Op, kernel: LazyKernel = LAGGED, name: str = "split_rows_lagged") -> TritonImpl:
-    """``op``'s split_rows implementation (rms_norm's or add_rms_norm's backward) with ``kernel`` (by default the
-    lagged one) in place of the package's, at the same configurations, named ``name``."""
+def split_rows_variant(op: Op, name: str) -> TritonImpl:
+    """``op``'s split_rows implementation (rms_norm's or add_rms_norm's backward) with the kernel of variant ``name``
+    (a key of ``VARIANT_KERNELS``) in place of the package's, at the same configurations."""
     split_rows = package_impl(op, "split_rows")
+    kernel = VARIANT_KERNELS[name]
     run = functools.partial(rms_norm_module.run_backward_split_rows, kernel=kernel)
 
     def launch(*args: Any, config: Any) -> Any:
@@ -189,9 +190,11 @@ def _rms_norm_bwd_staged_kernel(
     SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """The package's ``_rms_norm_bwd_split_rows_kernel`` (same arguments, grid and results) with its row loop in
-    ``tl.range`` stages (``1 + PREFETCH``): the next row's blocks are copied ahead into shared memory, not held in
-    registers, and the wait polls in inline assembly (:func:`_wait_by_polling`) so that the loop stays one Triton
-    can pipeline."""
+    ``tl.range`` stages (``1 + PREFETCH``): the next row's blocks are copied ahead into shared memory by the
+    pipeliner rather than loaded into registers by the kernel, and the arrival's barrier and the wait are inline
+    assembly (:func:`_arrive_after_barrier`, :func:`_wait_by_polling`) so that the loop stays one Triton can
+    pipeline. Where the copies are issued against the arrival is the pipeliner's choice: before it, the arrival's
+    release may wait for them, as the package's kernel found for its PREFETCH loads."""
     part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
     dw = tl.zeros([BLOCK_N], tl.float32)
     for row in tl.range(group, n_rows, groups, num_stages=1 + PREFETCH):
@@ -229,6 +232,8 @@ def _rms_norm_bwd_staged_kernel(
 
 
 STAGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_staged_kernel")
+# The rms norms' variants of the package's split_rows backward kernel, by the name their rows take.
+VARIANT_KERNELS = {"split_rows_lagged": LAGGED, "split_rows_staged": STAGED}
 
 
 def measure_case(
@@ -242,7 +247,7 @@ def measure_case(
     nbytes = ((tensors_read + 1) * rows * n + n) * dtype.itemsize
     impls = [impl for impl in op.implementations if impl.name in IMPLEMENTATIONS]
     if op.name != "layer_norm_backward":
-        impls += [lagged_variant(op), lagged_variant(op, STAGED, "split_rows_staged")]
+        impls += [split_rows_variant(op, name) for name in VARIANT_KERNELS]
     return check_and_time(op, impls, values, op.reduction_length(*values), nbytes, interpret)
 
 

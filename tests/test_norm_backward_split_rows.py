@@ -35,11 +35,11 @@ def test_every_configuration_is_checked_interpreted(
         assert all(r["matches_reference"] and "time_us" not in r for r in case["results"]), case["op"]
 
 
-@pytest.mark.parametrize("kernel", ["LAGGED", "STAGED"])
+@pytest.mark.parametrize("variant", ["split_rows_lagged", "split_rows_staged"])
 @pytest.mark.parametrize("prefetch", [0, 1])
 @pytest.mark.parametrize("op_name", ["rms_norm_backward", "add_rms_norm_backward"])
 def test_the_variants_match_the_reference_over_several_groups(
-    benchmark_script: Callable[[str], ModuleType], op_name: str, prefetch: int, kernel: str
+    benchmark_script: Callable[[str], ModuleType], op_name: str, prefetch: int, variant: str
 ) -> None:
     """The lagged variant (each row's wait put off by a row, its last row finished after the loop) and the staged one
     (the row loop in tl.range stages) give the reference's dx and dweight, interpreted, where 7 rows of 3000 fall
@@ -57,7 +57,7 @@ def test_the_variants_match_the_reference_over_several_groups(
     values = tuple(op.make_inputs((7, 3000), torch.bfloat16, torch.device("cpu")))
     config = {"BLOCK_N": 1024, "num_warps": 4, "PER_SM": 4, "PREFETCH": prefetch}
     assert split_rows_groups(torch.device("cpu"), 7, 3000, 1024, 4) == 2
-    got = run_candidate(script.lagged_variant(op, getattr(script, kernel)), config, values, True, poison=True)
+    got = run_candidate(script.split_rows_variant(op, variant), config, values, True, poison=True)
     expected = op.reference(*values)
     assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None
 
@@ -81,7 +81,9 @@ def test_the_lagged_variant_compiles_for_sm90(
         call_state.collect = []
         try:
             config = {"BLOCK_N": 4096, "num_warps": 8, "PER_SM": 2, "PREFETCH": prefetch}
-            run_candidate(script.lagged_variant(op), config, values, interpret=False, poison=False)
+            run_candidate(
+                script.split_rows_variant(op, "split_rows_lagged"), config, values, interpret=False, poison=False
+            )
         finally:
             call_state.collect = None
     lagged = [p for p in triton_cache.rglob("*.cubin") if "lagged" in p.name]
@@ -109,7 +111,9 @@ def test_the_staged_variant_pipelines_its_row_loop_for_sm90(
         call_state.collect = []
         try:
             config = {"BLOCK_N": 4096, "num_warps": 8, "PER_SM": 2, "PREFETCH": prefetch}
-            run_candidate(script.lagged_variant(op, script.STAGED), config, values, interpret=False, poison=False)
+            run_candidate(
+                script.split_rows_variant(op, "split_rows_staged"), config, values, interpret=False, poison=False
+            )
         finally:
             call_state.collect = None
         ptx = [p for p in triton_cache.rglob("*.ptx") if "staged" in p.name]

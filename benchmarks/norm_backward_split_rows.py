@@ -22,12 +22,13 @@ A second variant, ``split_rows_staged`` (rms_norm's and add_rms_norm's backwards
 loop instead: ``tl.range`` stages make the next row's loads asynchronous copies into shared memory, in flight during
 the wait, where PREFETCH keeps the next blocks in registers (the package's kernel in bfloat16 at BLOCK_N 4096 and 8
 warps: 109 registers a thread with PREFETCH, 80 without). Triton's pipeliner (3.6 and 3.9) takes no loop that holds
-another loop or a ``tl.debug_barrier``, so the wait polls in inline assembly (each thread an acquiring load until
-the row's count says all arrived or leaving) and the barrier before the arrival is inline assembly too. Its
-``PREFETCH`` names the stages: 0 one (no copies ahead), 1 two. Compiled for sm_90 by Triton 3.6.0 without a GPU
-(``results/compile-sm90/rms-norm-backward-staged-registers.txt``) its loop holds asynchronous copies (``cp.async``)
-where the package's holds none, at about the registers of the package's PREFETCH (113 against 109 at 4096 / 8
-warps). Not yet timed or checked on a GPU (the interpreter runs the two-launch form, without the assembly).
+a while loop or a ``tl.debug_barrier`` (``results/compile-sm90/pipeliner-blockers.txt``), so the wait polls in
+inline assembly (each thread an acquiring load until the row's count says all arrived or leaving) and the barrier
+before the arrival is inline assembly too. Its ``PREFETCH`` names the stages: 0 one (no copies ahead), 1 two.
+Compiled for sm_90 by Triton 3.6.0 without a GPU (``results/compile-sm90/rms-norm-backward-staged-registers.txt``)
+its loop holds asynchronous copies (``cp.async``) where the package's holds none, at about the registers of the
+package's PREFETCH (113 against 109 at 4096 / 8 warps). Not yet timed or checked on a GPU (the interpreter runs the
+two-launch form, without the assembly).
 
     python benchmarks/norm_backward_split_rows.py --out split-rows.json
     python benchmarks/norm_backward_split_rows.py --interpret --rows 5 --lengths 9000 --out check.json

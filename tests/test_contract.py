@@ -681,22 +681,29 @@ def test_a_sparse_weight_gets_the_same_error() -> None:
         kernelgate.rms_norm(torch.randn(3, 8), torch.ones(8).to_sparse())
 
 
+@pytest.mark.parametrize("tune", [True, False])
 @pytest.mark.parametrize(("mode", "interpret"), [("auto", False), ("triton", True), ("check", True)])
 def test_a_sparse_tensor_after_an_expanded_dense_one_of_the_same_signature_gets_the_contract_error(
-    mode: str, interpret: bool
+    mode: str, interpret: bool, tune: bool
 ) -> None:
     """A sparse COO tensor's strides read as zeros, so its signature on the hot path equals that of a dense tensor
     expanded from one element, whose call is remembered: the route that call found (the reference, or a kernel run
     by the interpreter) fails on it, and the contract's error replaces torch's ("Could not run 'aten::_softmax' with
-    arguments from the 'SparseCPU' backend", "unsupported memory format option Contiguous")."""
+    arguments from the 'SparseCPU' backend", "unsupported memory format option Contiguous"). Without tuning, check
+    mode's route is the kernel's default configuration, and the reference it runs first for the comparison fails."""
     expanded = torch.zeros(()).expand(3, 8)
     sparse = torch.zeros(3, 8).to_sparse()
     assert sparse.stride() == expanded.stride()  # the premise: the two signatures are alike
-    with kernelgate.use_mode(mode), kernelgate.use_interpreter(interpret):
-        kernelgate.softmax(expanded, -1)
-        with pytest.raises(
-            InputTypeError,
-            match=r"^softmax\(\): argument 'x' must be a dense \(strided\) tensor; got layout sparse_coo\. "
-            r"Convert it first, e\.g\. x\.to_dense\(\)",
-        ):
-            kernelgate.softmax(sparse, -1)
+    old_tune = kernelgate.settings().tune
+    kernelgate.configure(tune=tune)
+    try:
+        with kernelgate.use_mode(mode), kernelgate.use_interpreter(interpret):
+            kernelgate.softmax(expanded, -1)
+            with pytest.raises(
+                InputTypeError,
+                match=r"^softmax\(\): argument 'x' must be a dense \(strided\) tensor; got layout sparse_coo\. "
+                r"Convert it first, e\.g\. x\.to_dense\(\)",
+            ):
+                kernelgate.softmax(sparse, -1)
+    finally:
+        kernelgate.configure(tune=old_tune)

@@ -1046,7 +1046,11 @@ class Op:
         if plan.implementation is not None:
             if mode == "triton":
                 call_state.forced_runs += 1
-            expected = self._check_expected(values, current) if mode == "check" else None
+            try:
+                expected = self._check_expected(values, current) if mode == "check" else None
+            except RuntimeError:  # the reference failed on the inputs: the contract's error first, if they break it
+                self._check_after_failure(values)
+                raise
             try:
                 result, launches, notes = self._run_triton(plan, values, log_path is not None)
             except Unsupported as err:

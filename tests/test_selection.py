@@ -275,7 +275,10 @@ def test_a_timing_is_the_hosts_where_issuing_the_calls_takes_most_of_it() -> Non
 
     The host waits by spinning, not sleeping, and long enough that a loaded host's delays are small beside it: a
     sleep of 200 us took 422 us a call in the timing and under 338 in the probe (15 test workers on the H200), and
-    a spin of 200 us timed 430 us with the probe under 344, so the test measured the host's jitter, not the probe."""
+    a spin of 200 us timed 430 us with the probe under 344, so the test measured the host's jitter, not the probe.
+    The host-bound call is judged against the 2 ms it takes at least, not a timing of it: on an H100 at 1d9eadd
+    (8 test workers, others compiling in worker processes) the timing was 9739 us a call, the host descheduled
+    through it, and the probe, run once that had passed, came under 0.8 of that."""
     device = torch.device("cuda")
     small, large = torch.randn(16, device=device), torch.randn(4096, 4096, device=device)
 
@@ -288,7 +291,7 @@ def test_a_timing_is_the_hosts_where_issuing_the_calls_takes_most_of_it() -> Non
     def product() -> object:
         return large @ large
 
-    assert selection._bound_by_host(busy_host, selection.time_us(busy_host, device), device)
+    assert selection._bound_by_host(busy_host, 2000.0, device)
     assert not selection._bound_by_host(product, selection.time_us(product, device), device)
     assert selection._bound_by_host(product, 1.0, torch.device("cpu")), "off a GPU every timing is the host's"
 

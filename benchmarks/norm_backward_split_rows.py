@@ -19,16 +19,18 @@ exchange, paid once a row, is the suspect this variant tests. Measured on an H10
 time. Its ``PREFETCH=1`` configurations fail the check there (the interpreter passes them); cause not found.
 
 A second variant, ``split_rows_staged`` (rms_norm's and add_rms_norm's backwards), asks Triton to pipeline the row
-loop instead: ``tl.range`` stages make the next row's loads asynchronous copies into shared memory, in flight during
-the wait, where PREFETCH keeps the next blocks in registers (the package's kernel in bfloat16 at BLOCK_N 4096 and 8
-warps: 109 registers a thread with PREFETCH, 80 without). Triton's pipeliner (3.6 and 3.9) takes no loop that holds
-a while loop or a ``tl.debug_barrier`` (``results/compile-sm90/pipeliner-blockers.txt``), so the wait polls in
-inline assembly (each thread an acquiring load until the row's count says all arrived or leaving) and the barrier
-before the arrival is inline assembly too. Its ``PREFETCH`` names the stages: 0 one (no copies ahead), 1 two.
-Compiled for sm_90 by Triton 3.6.0 without a GPU (``results/compile-sm90/rms-norm-backward-staged-registers.txt``)
-its loop holds asynchronous copies (``cp.async``) where the package's holds none, at about the registers of the
-package's PREFETCH (113 against 109 at 4096 / 8 warps). Not yet timed or checked on a GPU (the interpreter runs the
-two-launch form, without the assembly).
+loop instead: ``tl.range`` stages make the next rows' loads asynchronous copies into shared memory, in flight through
+an iteration, where PREFETCH keeps the next blocks in registers. Triton's pipeliner (3.6 and 3.9) takes no loop that
+holds a while loop or a ``tl.debug_barrier`` (``results/compile-sm90/pipeliner-blockers.txt``), so the wait polls in
+inline assembly (each thread an acquiring load until the row's count says all arrived or leaving, then a barrier)
+and the barrier before the arrival is inline assembly too, as is the load of the row's partials after the wait
+(a ``tl.load`` there was copied ahead an iteration early, before the partials were stored). Its ``PREFETCH`` names
+the stages: 0 one (no copies ahead), 1 three (two rows' copies issued ahead, so one row's stay in flight while the
+program works on another; at BLOCK_N 16384 that needs more shared memory than the H100 has, and the configuration
+is recorded as an error). On an H100 (``results/h100/norm-backward-split-rows-staged-1d9eadd``) it matches the
+reference at every other configuration and is faster than the package's split_rows at rows of 16384 and 32768
+(rms_norm 4 to 6 %, add_rms_norm 8 to 10 %) and add_rms_norm's longer rows (2 to 5 %), slower for rms_norm at 65536
+and 131072 (2 to 3 %). The interpreter runs the two-launch form, without the assembly.
 
     python benchmarks/norm_backward_split_rows.py --out split-rows.json
     python benchmarks/norm_backward_split_rows.py --interpret --rows 5 --lengths 9000 --out check.json
@@ -160,17 +162,36 @@ def split_rows_variant(op: Op, name: str) -> TritonImpl:
 def _wait_by_polling(arrived_ptr, row, n_split, seen):
     """:func:`~kernelgate.ops.split_rows.wait_until_arrived` as one inline-assembly loop, which Triton's pipeliner
     does not see as a loop: each thread loads the row's count (acquire, device scope) until it is ``n_split`` or
-    more, or negative (programs leaving), read as unsigned so that both end the wait; ``seen`` first."""
+    more, or negative (programs leaving), read as unsigned so that both end the wait; ``seen`` first. A barrier
+    ends it: each thread polls for itself, so without one a program's first thread could count the program out
+    of the row (:func:`~kernelgate.ops.split_rows.leave_row`) while another of its threads still polls, and once the
+    row's other programs had left too that thread would read a count back at zero and poll for ever (on an H100
+    the variant without this barrier hung at BLOCK_N 8192 / 16 warps)."""
     return tl.inline_asm_elementwise(
         "{ .reg .pred %p; .reg .b32 %v; mov.b32 %v, $2; "
         "poll${:uid}: setp.lt.u32 %p, %v, $3; @!%p bra done${:uid}; "
-        "ld.acquire.gpu.global.b32 %v, [$1]; bra poll${:uid}; done${:uid}: mov.b32 $0, %v; }",
+        "ld.acquire.gpu.global.b32 %v, [$1]; bra poll${:uid}; done${:uid}: bar.sync 0; mov.b32 $0, %v; }",
         "=r,l,r,r",
         [arrived_ptr + row, seen, n_split],
         dtype=tl.int32,
         is_pure=False,
         pack=1,
     )
+
+
+@triton.jit
+def _load_partials_after_wait(partial_row, slot, n_split, SPLIT_BLOCK: tl.constexpr):
+    """:func:`~kernelgate.ops.split_rows.load_row_partials` (``other`` 0) in inline assembly, which the pipeliner
+    does not copy ahead: as a ``tl.load`` in a staged loop it became an asynchronous copy issued an iteration early,
+    before the row's programs had stored their partials or the wait (compiled for sm_90 by Triton 3.6.0), and on an
+    H100 the variant's results were NaN."""
+    parts = tl.arange(0, SPLIT_BLOCK)
+    inside = parts < n_split
+    addresses = partial_row + slot * SPLIT_BLOCK + tl.where(inside, parts, 0)
+    bits = tl.inline_asm_elementwise(
+        "ld.global.cg.b32 $0, [$1];", "=r,l", [addresses], dtype=tl.int32, is_pure=False, pack=1
+    )
+    return tl.where(inside, bits.to(tl.float32, bitcast=True), 0.0)
 
 
 @triton.jit
@@ -191,14 +212,16 @@ def _rms_norm_bwd_staged_kernel(
     SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
     """The package's ``_rms_norm_bwd_split_rows_kernel`` (same arguments, grid and results) with its row loop in
-    ``tl.range`` stages (``1 + PREFETCH``): the next row's blocks are copied ahead into shared memory by the
-    pipeliner rather than loaded into registers by the kernel, and the arrival's barrier and the wait are inline
-    assembly (:func:`_arrive_after_barrier`, :func:`_wait_by_polling`) so that the loop stays one Triton can
-    pipeline. Where the copies are issued against the arrival is the pipeliner's choice: before it, the arrival's
-    release may wait for them, as the package's kernel found for its PREFETCH loads."""
+    ``tl.range`` stages (``1 + 2 * PREFETCH``): the next rows' blocks are copied ahead into shared memory by the
+    pipeliner rather than loaded into registers by the kernel, and the arrival's barrier, the wait and the load of
+    the row's partials are inline assembly (:func:`_arrive_after_barrier`, :func:`_wait_by_polling`,
+    :func:`_load_partials_after_wait`) so that the loop stays one Triton can pipeline and copies nothing ahead that
+    the row's programs have yet to store. With three stages the pipeliner issues the copies of the row after next at
+    the end of an iteration and waits at the start of the next for the oldest row's only, so one row's copies are in
+    flight through each iteration (with two it waited for all at once; compiled for sm_90 by Triton 3.6.0)."""
     part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
     dw = tl.zeros([BLOCK_N], tl.float32)
-    for row in tl.range(group, n_rows, groups, num_stages=1 + PREFETCH):
+    for row in tl.range(group, n_rows, groups, num_stages=1 + 2 * PREFETCH):
         x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
         x = x_in.to(tl.float32)
         g = dy_in.to(tl.float32)
@@ -210,11 +233,13 @@ def _rms_norm_bwd_staged_kernel(
             tl.store(partial_row + SPLIT_BLOCK + part, tl.sum(g * x, axis=0))
         if PHASE == 0:
             _wait_by_polling(arrived_ptr, row, n_split, _arrive_after_barrier(arrived_ptr, row))
-        if PHASE != 1:
+            sum_xx = tl.sum(_load_partials_after_wait(partial_row, 0, n_split, SPLIT_BLOCK), axis=0)
+            sum_gx = tl.sum(_load_partials_after_wait(partial_row, 1, n_split, SPLIT_BLOCK), axis=0)
+            leave_row(arrived_ptr, row, part, n_split)
+        elif PHASE == 2:  # the interpreter's second launch, after every program stored its partials
             sum_xx = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
             sum_gx = tl.sum(load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)
-            if PHASE == 0:
-                leave_row(arrived_ptr, row, part, n_split)
+        if PHASE != 1:
             rstd = tl.rsqrt(sum_xx / n_cols + eps)
             c = rstd * rstd * rstd * (sum_gx / n_cols)
             x = widen_after_wait(x_in)
@@ -249,7 +274,7 @@ def measure_case(
     impls = [impl for impl in op.implementations if impl.name in IMPLEMENTATIONS]
     if op.name != "layer_norm_backward":
         impls += [split_rows_variant(op, name) for name in VARIANT_KERNELS]
-    return check_and_time(op, impls, values, op.reduction_length(*values), nbytes, interpret)
+    return check_and_time(op, impls, values, op.reduction_length(*values), nbytes, interpret, record_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

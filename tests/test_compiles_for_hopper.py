@@ -196,3 +196,25 @@ def test_streamed_sums_round_their_base_once(triton_cache: Path, op_name: str, k
     assert re.search(rf"fma\.rn\.f32\s+%r\d+, %r\d+, {log2e}, 0f00000000;", text), "the base is not an fma"
     assert not re.search(rf"mul(\.rn)?\.f32\s+%r\d+, %r\d+, {log2e};", text), "a plain product by log2(e) is left"
     assert re.search(rf"fma\.rn\.f32\s+%r\d+, %r\d+, {log2e}, %r\d+;", text), "the terms are not fma + ex2"
+
+
+@pytest.mark.parametrize("op_name", ["rms_norm_backward", "add_rms_norm_backward"])
+def test_the_pipelined_split_rows_backward_copies_its_blocks_ahead_for_sm90(triton_cache: Path, op_name: str) -> None:
+    """Compiled for sm_90, the rms norms' split_rows_pipelined row loop holds asynchronous copies (cp.async), of the
+    bfloat16 blocks only, where split_rows' holds none: its exchange, in inline assembly, leaves the loop one that
+    Triton's pipeliner takes (it takes none that holds a while loop or a tl.debug_barrier, split_rows' exchange), and
+    the row's float32 partials, copied ahead, would be read before the row's programs stored them (on an H100 a form
+    that let the pipeliner copy them returned NaN)."""
+    op = next(op for op in BUILTIN_OPS if op.name == op_name)
+    assert op.make_inputs is not None
+    values = op.make_inputs((2, 16448), torch.bfloat16, torch.device("cpu"))
+    config = {"BLOCK_N": 4096, "num_warps": 8, "PER_SM": 2, "PREFETCH": 1}
+    copied: dict[str, list[str]] = {}
+    for name in ("split_rows", "split_rows_pipelined"):
+        before = set(triton_cache.rglob("*.ttgir")) if triton_cache.exists() else set()
+        _compile(next(i for i in op.implementations if i.name == name), config, values)
+        ttgir = "".join(p.read_text() for p in set(triton_cache.rglob("*.ttgir")) - before if "split_rows" in p.name)
+        copied[name] = [line for line in ttgir.splitlines() if "ttg.async_copy_global_to_local" in line]
+    assert not copied["split_rows"], copied["split_rows"]
+    assert copied["split_rows_pipelined"], "no asynchronous copy in the pipelined loop"
+    assert all("!tt.ptr<bf16>" in line for line in copied["split_rows_pipelined"]), copied["split_rows_pipelined"]

@@ -399,10 +399,9 @@ def test_split_looped_leaves_its_counts_zero_for_the_next_launch() -> None:
                 assert rowwise.split_rows_counts(cuda, 3).tolist() == [0, 0, 0], (op.name, config)
 
 
+SPLITTING = ("split_rows", "split_rows_pipelined", "split_looped")
 _SHARED_COUNT_OPS = [
-    o.name
-    for o in kernelgate.registered_ops()
-    if any(impl.name in ("split_rows", "split_looped") for impl in o.implementations)
+    o.name for o in kernelgate.registered_ops() if any(impl.name in SPLITTING for impl in o.implementations)
 ]
 
 
@@ -413,9 +412,9 @@ def test_every_split_config_leaves_the_streams_counts_zero(
     op_name: str, shape: tuple[int, int], dtype: torch.dtype
 ) -> None:
     """On a GPU, every configuration of every implementation that splits rows over programs (split_rows, the norms'
-    looping groups, split_looped) leaves the whole of the stream's arrival counts zero: a count left behind would
-    let a later launch on any op read partials too early, or wait for ever. Rows enough that the norms' backward
-    groups loop over several; the bf16 case long enough for split_looped."""
+    looping groups and the rms norms' pipelined form of them, split_looped) leaves the whole of the stream's arrival
+    counts zero: a count left behind would let a later launch on any op read partials too early, or wait for ever.
+    Rows enough that the norms' backward groups loop over several; the bf16 case long enough for split_looped."""
     from kernelgate.op import get_op
     from kernelgate.selection import clone_args
 
@@ -425,7 +424,7 @@ def test_every_split_config_leaves_the_streams_counts_zero(
     values = op.make_inputs(shape, dtype, cuda)
     launched = 0
     for impl in op.implementations:
-        if impl.name not in ("split_rows", "split_looped"):
+        if impl.name not in SPLITTING:
             continue
         for config in impl.candidate_configs(values):
             try:

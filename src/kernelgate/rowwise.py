@@ -52,6 +52,7 @@ __all__ = [
     "PERSISTENT_LOOPED_CONFIGS",
     "PERSISTENT_LOOPED_DEFAULT",
     "PERSISTENT_STAGE_BYTES",
+    "PIPELINED_SHARED_BYTES",
     "ROW_BLOCK_BACKWARD_CONFIGS",
     "ROW_BLOCK_CONFIGS",
     "SINGLE_BLOCK_CONFIGS",
@@ -711,6 +712,9 @@ SPLIT_ROWS_BACKWARD_CONFIGS = ConfigSpace(
 SPLIT_ROWS_BACKWARD_DEFAULT: Config = {"BLOCK_N": 4096, "num_warps": 8, "PER_SM": 2, "PREFETCH": 1}
 # Elements of a block a thread: two blocks (x and dy) and the weight gradient's sums are held through the loop.
 SPLIT_ROWS_BACKWARD_PER_THREAD = (4, 16)
+# The shared memory a pipelined split_rows backward may take for its copies ahead: an A100's most a program (163 KB
+# on sm_80; an H100's is 227). At BLOCK_N 16384 in bfloat16 rms_norm's took 262 KB on an H100 and could not launch.
+PIPELINED_SHARED_BYTES = 160 * 1024
 
 
 def split_rows_groups(device: torch.device, n_rows: int, n_cols: int, block: int, per_sm: int) -> int:
@@ -728,16 +732,34 @@ def split_rows_groups(device: torch.device, n_rows: int, n_cols: int, block: int
 
 
 def split_rows_backward_impl(
-    launcher: Callable[..., Any], kernels: tuple[LazyKernel, ...], n_cols: Callable[..., int]
+    launcher: Callable[..., Any],
+    kernels: tuple[LazyKernel, ...],
+    n_cols: Callable[..., int],
+    *,
+    pipelined_blocks: int = 0,
 ) -> TritonImpl:
     """The ``split_rows`` implementation of a row-wise backward with a weight gradient (groups of a row's programs,
     :func:`split_rows_groups`), for rows of at least :data:`SPLIT_MIN_COLS`; tuning tries the configurations whose
     threads hold :data:`SPLIT_ROWS_BACKWARD_PER_THREAD` elements of a block shorter than the row, four programs a
-    multiprocessor at blocks of 2048 and two at longer ones."""
+    multiprocessor at blocks of 2048 and two at longer ones.
+
+    ``pipelined_blocks``: for a kernel whose row loop Triton pipelines with PREFETCH (three stages, its exchange in
+    NVIDIA's PTX), ``split_rows_pipelined`` instead, for 2-byte rows on NVIDIA GPUs (and the interpreter), tried
+    with PREFETCH only, at the most elements a thread, and where two rows' copies in flight, of that many blocks a
+    row, fit :data:`PIPELINED_SHARED_BYTES`."""
 
     def supports(*args: Any) -> str | None:
         n = n_cols(*args)
-        return None if n >= SPLIT_MIN_COLS else f"rows of {n} are shorter than {SPLIT_MIN_COLS} (split_rows' least)"
+        if n < SPLIT_MIN_COLS:
+            return f"rows of {n} are shorter than {SPLIT_MIN_COLS} (split_rows' least)"
+        if not pipelined_blocks:
+            return None
+        x = next(a for a in args if isinstance(a, torch.Tensor))
+        if x.device.type != "cpu" and (x.device.type != "cuda" or torch.version.hip is not None):
+            return "its exchange is NVIDIA PTX (inline assembly); split_rows serves other GPUs"
+        if x.element_size() != 2:
+            return f"{x.dtype} rows: timed faster than split_rows only in bfloat16; split_rows serves these"
+        return None
 
     def prune(config: Config, *args: Any) -> bool:
         per_thread = config["BLOCK_N"] // (32 * config["num_warps"])
@@ -745,11 +767,19 @@ def split_rows_backward_impl(
         # Four programs a multiprocessor only for blocks of 2048: on the H100 the fastest configurations of blocks of
         # 2048 all took four, those of larger blocks all two (benchmarks/results/h100/norm-backward-split-rows-80f70db).
         per_sm = config["PER_SM"] == (4 if config["BLOCK_N"] == 2048 else 2)
-        return low <= per_thread <= high and config["BLOCK_N"] < n_cols(*args) and per_sm
+        fits = low <= per_thread <= high and config["BLOCK_N"] < n_cols(*args) and per_sm
+        if pipelined_blocks:
+            # Threads that hold the most elements only: on an H100 in bfloat16 4096 / 8 warps was the fastest
+            # configuration at every shape, 2048 / 4 and 8192 / 16 within 1 to 41 %, those with more warps 7 % to 2.7
+            # times slower (benchmarks/results/h100/norm-backward-split-rows-staged-1d9eadd).
+            itemsize = max(a.element_size() for a in args if isinstance(a, torch.Tensor))
+            copies = 2 * pipelined_blocks * config["BLOCK_N"] * itemsize
+            return fits and per_thread == high and bool(config["PREFETCH"]) and copies <= PIPELINED_SHARED_BYTES
+        return fits
 
     return TritonImpl(
-        "split_rows", launcher, kernels, supports=supports, configs=SPLIT_ROWS_BACKWARD_CONFIGS,
-        default_config=SPLIT_ROWS_BACKWARD_DEFAULT, prune=prune,
+        "split_rows_pipelined" if pipelined_blocks else "split_rows", launcher, kernels, supports=supports,
+        configs=SPLIT_ROWS_BACKWARD_CONFIGS, default_config=SPLIT_ROWS_BACKWARD_DEFAULT, prune=prune,
     )  # fmt: skip
 
 

@@ -255,3 +255,55 @@ def exchange_then_prefetch(
     if PHASE == 0:
         wait_until_arrived(arrived_ptr, row, n_split, seen)
     return x_next, dy_next
+
+
+# --- the exchange in inline assembly, for a row loop that Triton's pipeliner is to take (NVIDIA GPUs) ------------
+# Triton's pipeliner (3.6 and 3.9) leaves alone a loop that holds a while loop or a tl.debug_barrier
+# (benchmarks/results/compile-sm90/pipeliner-blockers.txt), which arrive_at_row and wait_until_arrived are, and in a
+# loop it does take it copies every tl.load an iteration or more ahead, the partials read after the wait included.
+# These three do the same work in PTX, which it neither sees as a loop nor moves.
+
+
+@triton.jit
+def arrive_at_row_in_asm(arrived_ptr, row):
+    """:func:`arrive_at_row` with its barrier in inline assembly; the count's add takes the barrier's output (0),
+    so it follows it."""
+    after = tl.inline_asm_elementwise(
+        "bar.sync 0; mov.b32 $0, 0;", "=r,r", [row], dtype=tl.int32, is_pure=False, pack=1
+    )
+    return tl.atomic_add(arrived_ptr + row, 1 + after, sem="acq_rel") + 1
+
+
+@triton.jit
+def wait_until_arrived_in_asm(arrived_ptr, row, n_split, seen):
+    """:func:`wait_until_arrived` as one inline-assembly loop: each thread loads the row's count (acquire, device
+    scope) until it is ``n_split`` or more, or negative (programs leaving), read as unsigned so that both end the
+    wait; ``seen`` first. A barrier ends it: each thread polls for itself, so without one a program's first thread
+    could count the program out of the row (:func:`leave_row`) while another of its threads still polled, and once
+    the row's other programs had left too that thread would find the count back at zero and poll for ever (on an
+    H100 such a kernel hung at BLOCK_N 8192 / 16 warps:
+    benchmarks/results/h100/norm-backward-split-rows-staged-1d9eadd)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred %p; .reg .b32 %v; mov.b32 %v, $2; "
+        "poll${:uid}: setp.lt.u32 %p, %v, $3; @!%p bra done${:uid}; "
+        "ld.acquire.gpu.global.b32 %v, [$1]; bra poll${:uid}; done${:uid}: bar.sync 0; mov.b32 $0, %v; }",
+        "=r,l,r,r",
+        [arrived_ptr + row, seen, n_split],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def load_row_partials_in_asm(partial_row, slot, n_split, SPLIT_BLOCK: tl.constexpr):
+    """:func:`load_row_partials` (``other`` 0) in inline assembly, after :func:`wait_until_arrived_in_asm`: as a
+    ``tl.load`` in a pipelined loop it became a copy issued an iteration early, before the row's programs had stored
+    their partials (an H100 returned NaN)."""
+    parts = tl.arange(0, SPLIT_BLOCK)
+    inside = parts < n_split
+    addresses = partial_row + slot * SPLIT_BLOCK + tl.where(inside, parts, 0)
+    bits = tl.inline_asm_elementwise(
+        "ld.global.cg.b32 $0, [$1];", "=r,l", [addresses], dtype=tl.int32, is_pure=False, pack=1
+    )
+    return tl.where(inside, bits.to(tl.float32, bitcast=True), 0.0)

@@ -17,10 +17,12 @@ from kernelgate.library import Backward
 from kernelgate.op import Op
 from kernelgate.ops.add_rms_norm.reference import add_rms_norm_backward_reference, add_rms_norm_reference
 from kernelgate.ops.rms_norm import (
+    PIPELINED_BLOCKS,
     RMS_NORM_BWD,
     RMS_NORM_BWD_COLUMNS,
     RMS_NORM_BWD_LOOPED,
     RMS_NORM_BWD_SPLIT_ROWS,
+    RMS_NORM_BWD_SPLIT_ROWS_PIPELINED,
     RMS_NORM_BWD_STATS,
     run_backward,
     run_backward_split,
@@ -158,6 +160,18 @@ def _launch_backward_split_rows(
     return run_backward_split_rows(grad, grad_s, s, weight, eps, config)
 
 
+def _launch_backward_split_rows_pipelined(
+    grad: torch.Tensor,
+    grad_s: torch.Tensor | None,
+    s: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float = 1e-6,
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_backward_split_rows(grad, grad_s, s, weight, eps, config, kernel=RMS_NORM_BWD_SPLIT_ROWS_PIPELINED)
+
+
 def _make_backward_inputs(
     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -202,6 +216,12 @@ add_rms_norm_backward = Op(
         ),
         rowwise.split_rows_backward_impl(
             _launch_backward_split_rows, (RMS_NORM_BWD_SPLIT_ROWS, rowwise.PARTIAL_SUMS), _backward_row_length
+        ),
+        rowwise.split_rows_backward_impl(
+            _launch_backward_split_rows_pipelined,
+            (RMS_NORM_BWD_SPLIT_ROWS_PIPELINED, rowwise.PARTIAL_SUMS),
+            _backward_row_length,
+            pipelined_blocks=PIPELINED_BLOCKS + 1,  # and grad_s
         ),
     ),
     bucket=lambda grad, grad_s, s, weight, eps: (*_bucket(s, weight), grad_s is not None),

@@ -25,6 +25,12 @@ RMS_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_b
 RMS_NORM_BWD_STATS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_stats_kernel")
 RMS_NORM_BWD_COLUMNS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_columns_kernel")
 RMS_NORM_BWD_SPLIT_ROWS = LazyKernel("kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_split_rows_kernel")
+RMS_NORM_BWD_SPLIT_ROWS_PIPELINED = LazyKernel(
+    "kernelgate.ops.rms_norm.kernels", "_rms_norm_bwd_split_rows_pipelined_kernel"
+)
+# The blocks of a row the pipelined split_rows backward copies ahead: x, dy and the weight, read twice
+# (add_rms_norm's grad_s is a fifth).
+PIPELINED_BLOCKS = 4
 # Programs of the looped and split backwards per multiprocessor: enough to fill the GPU, few enough that the
 # partial sums of dweight stay small. The single-block backward's depend on its block
 # (rowwise.single_block_backward_programs_per_sm).
@@ -219,7 +225,8 @@ def run_backward_split_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`run_backward` in one kernel that reads x and grad once: each row split over programs that exchange its
     sums, in groups that loop over rows (:func:`kernelgate.rowwise.split_rows_groups`), a row of dweight's partial
-    sums a group. ``kernel``: one with ``_rms_norm_bwd_split_rows_kernel``'s arguments (a benchmark's variant)."""
+    sums a group. ``kernel``: one with ``_rms_norm_bwd_split_rows_kernel``'s arguments (its pipelined form, or a
+    benchmark's variant)."""
     x_rows, g_rows, ds_rows, w = _backward_operands(grad, grad_s, x, weight)
     n_rows, n_cols, block = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"]
     groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
@@ -246,6 +253,12 @@ def _launch_backward_split_rows(
     grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return run_backward_split_rows(grad, None, x, weight, eps, config)
+
+
+def _launch_backward_split_rows_pipelined(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, *, config: Config
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return run_backward_split_rows(grad, None, x, weight, eps, config, kernel=RMS_NORM_BWD_SPLIT_ROWS_PIPELINED)
 
 
 def _launch_backward(
@@ -301,6 +314,12 @@ rms_norm_backward = Op(
             _launch_backward_split_rows,
             (RMS_NORM_BWD_SPLIT_ROWS, rowwise.PARTIAL_SUMS),
             lambda grad, x, *_: x.shape[-1],
+        ),
+        rowwise.split_rows_backward_impl(
+            _launch_backward_split_rows_pipelined,
+            (RMS_NORM_BWD_SPLIT_ROWS_PIPELINED, rowwise.PARTIAL_SUMS),
+            lambda grad, x, *_: x.shape[-1],
+            pipelined_blocks=PIPELINED_BLOCKS,
         ),
     ),
     bucket=lambda grad, x, weight, eps: _bucket(x, weight, eps),

@@ -288,9 +288,24 @@ def _launch_backward_split_rows(
     *,
     config: Config,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return run_backward_split_rows(grad, x, normalized_shape, weight, bias, eps, config)
+
+
+def run_backward_split_rows(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    config: Config,
+    *,
+    kernel: LazyKernel = LAYER_NORM_BWD_SPLIT_ROWS,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward in one kernel that reads x and grad once: each row split over programs that exchange its
     statistics, in groups that loop over rows (:func:`kernelgate.rowwise.split_rows_groups`), a row of partial sums
-    of dweight and of dbias a group."""
+    of dweight and of dbias a group. ``kernel``: one with ``_layer_norm_bwd_split_rows_kernel``'s arguments (a
+    benchmark's variant)."""
     x_rows, g_rows, w = _backward_operands(grad, x, normalized_shape, weight, bias)
     n_rows, n_cols, block = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"]
     groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
@@ -298,7 +313,7 @@ def _launch_backward_split_rows(
     sums = int(w is not None) + int(bias is not None)
     partial = torch.empty((sums, groups, n_cols) if sums else (1, 1, 1), dtype=torch.float32, device=x.device)
     rowwise.launch_split_rows(
-        LAYER_NORM_BWD_SPLIT_ROWS, x_rows, (g_rows.tensor, x_rows.tensor, x_rows.tensor if w is None else w, dx,
+        kernel, x_rows, (g_rows.tensor, x_rows.tensor, x_rows.tensor if w is None else w, dx,
         partial[0], partial[sums - 1]), (g_rows.stride, x_rows.stride, n_cols), (n_rows, float(eps)), 4,
         config=config, groups=groups, HAS_WEIGHT=w is not None, HAS_BIAS=bias is not None,
         PREFETCH=bool(config["PREFETCH"]), EVEN_N=n_cols % block == 0,

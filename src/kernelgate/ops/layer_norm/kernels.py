@@ -576,6 +576,54 @@ def _layer_norm_bwd_columns_kernel(
 
 
 @triton.jit
+def layer_norm_store_partials(
+    x_in, dy_in, k, w_ptr, partial_row, part, cols, mask, count, SPLIT_BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    PHASE: tl.constexpr, EVEN_N: tl.constexpr,
+):  # fmt: skip
+    """Store this program's four partials of its row in ``partial_row`` (not in PHASE 2, which has them): its
+    block's mean of d = x - k and sum of squared deviations (:func:`_block_stats`, ``count`` columns), the sum of
+    g = dy * w, and sum(g * (d - the block's mean))."""
+    g = dy_in.to(tl.float32)
+    if HAS_WEIGHT:
+        g = g * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    if PHASE != 2:
+        x = x_in.to(tl.float32)
+        mean_part, m2_part = _block_stats(x, mask, k, count, EVEN_N)
+        tl.store(partial_row + part, mean_part)
+        tl.store(partial_row + SPLIT_BLOCK + part, m2_part)
+        tl.store(partial_row + 2 * SPLIT_BLOCK + part, tl.sum(g, axis=0))
+        tl.store(partial_row + 3 * SPLIT_BLOCK + part, tl.sum(g * ((x - k) - mean_part), axis=0))
+
+
+@triton.jit
+def layer_norm_write_dx(
+    x_in, dy_in, k, means, m2s, g_sums, g_devs, counts, w_ptr, dx_ptr, dw, db, row, stride_dxm, cols, mask, n_cols,
+    eps, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_N: tl.constexpr,
+):  # fmt: skip
+    """Write this program's block of the row's dx from the row's blocks' partials (their ``counts`` columns each):
+    the row's mean and variance merge the blocks' (Chan's update), and sum(g * (x - mean)) is the blocks' last
+    partials plus each block's sum of g times its mean's offset from the row's. Returns ``dw`` and ``db`` with the
+    block's shares added (with HAS_WEIGHT, HAS_BIAS)."""
+    mean = tl.sum(counts * means, axis=0) / n_cols
+    spread = means - mean
+    rstd = tl.rsqrt((tl.sum(m2s, axis=0) + tl.sum(counts * spread * spread, axis=0)) / n_cols + eps)
+    mean_g = tl.sum(g_sums, axis=0) / n_cols
+    mean_gxhat = rstd * (tl.sum(g_devs, axis=0) + tl.sum(g_sums * spread, axis=0)) / n_cols
+    dy = widen_after_wait(dy_in)
+    g = dy
+    if HAS_WEIGHT:
+        g = dy * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+    xhat = ((widen_after_wait(x_in) - k) - mean) * rstd
+    dx = (g - mean_g - xhat * mean_gxhat) * rstd
+    store_tile(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")
+    if HAS_WEIGHT:
+        dw += dy * xhat
+    if HAS_BIAS:
+        db += dy
+    return dw, db
+
+
+@triton.jit
 def _layer_norm_bwd_split_rows_kernel(
     dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, partial_ptr, arrived_ptr, stride_dym, stride_xm, stride_dxm,
     n_cols, n_split, n_rows, eps, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr,
@@ -609,17 +657,10 @@ def _layer_norm_bwd_split_rows_kernel(
         else:
             x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
         k = tl.load(x_ptr + row * stride_xm).to(tl.float32)
-        g = dy_in.to(tl.float32)
-        if HAS_WEIGHT:
-            g = g * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         partial_row = partial_ptr + row * (4 * SPLIT_BLOCK)
-        if PHASE != 2:
-            x = x_in.to(tl.float32)
-            mean_part, m2_part = _block_stats(x, mask, k, count, EVEN_N)
-            tl.store(partial_row + part, mean_part)
-            tl.store(partial_row + SPLIT_BLOCK + part, m2_part)
-            tl.store(partial_row + 2 * SPLIT_BLOCK + part, tl.sum(g, axis=0))
-            tl.store(partial_row + 3 * SPLIT_BLOCK + part, tl.sum(g * ((x - k) - mean_part), axis=0))
+        layer_norm_store_partials(
+            x_in, dy_in, k, w_ptr, partial_row, part, cols, mask, count, SPLIT_BLOCK, HAS_WEIGHT, PHASE, EVEN_N
+        )
         x_next, dy_next = exchange_then_prefetch(
             arrived_ptr, row, n_split, x_ptr, dy_ptr, tl.minimum(row + groups, n_rows - 1), stride_xm, stride_dym,
             cols, mask, x_next, dy_next, PHASE, PREFETCH, EVEN_N,
@@ -631,22 +672,10 @@ def _layer_norm_bwd_split_rows_kernel(
             g_devs = load_row_partials(partial_row, 3, n_split, 0.0, SPLIT_BLOCK)
             if PHASE == 0:
                 leave_row(arrived_ptr, row, part, n_split)
-            mean = tl.sum(counts * means, axis=0) / n_cols
-            spread = means - mean
-            rstd = tl.rsqrt((tl.sum(m2s, axis=0) + tl.sum(counts * spread * spread, axis=0)) / n_cols + eps)
-            mean_g = tl.sum(g_sums, axis=0) / n_cols
-            mean_gxhat = rstd * (tl.sum(g_devs, axis=0) + tl.sum(g_sums * spread, axis=0)) / n_cols
-            dy = widen_after_wait(dy_in)
-            g = dy
-            if HAS_WEIGHT:
-                g = dy * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
-            xhat = ((widen_after_wait(x_in) - k) - mean) * rstd
-            dx = (g - mean_g - xhat * mean_gxhat) * rstd
-            store_tile(dx_ptr + row * stride_dxm + cols, dx.to(dx_ptr.dtype.element_ty), mask, EVEN_N, "")
-            if HAS_WEIGHT:
-                dw += dy * xhat
-            if HAS_BIAS:
-                db += dy
+            dw, db = layer_norm_write_dx(
+                x_in, dy_in, k, means, m2s, g_sums, g_devs, counts, w_ptr, dx_ptr, dw, db, row, stride_dxm, cols, mask,
+                n_cols, eps, HAS_WEIGHT, HAS_BIAS, EVEN_N,
+            )  # fmt: skip
     if PHASE != 1:
         if HAS_WEIGHT:
             store_tile(dw_ptr + group * n_cols + cols, dw, mask, EVEN_N, "")

@@ -399,6 +399,32 @@ def test_split_looped_leaves_its_counts_zero_for_the_next_launch() -> None:
                 assert rowwise.split_rows_counts(cuda, 3).tolist() == [0, 0, 0], (op.name, config)
 
 
+@pytest.mark.parametrize("op", [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward], ids=lambda op: op.name)
+def test_the_pipelined_backward_is_offered_for_2_byte_rows_on_nvidia_gpus(op: kernelgate.Op) -> None:
+    """split_rows_pipelined takes 2-byte rows on a CUDA device (and the interpreter's CPU tensors), says why not for
+    float32 rows and for other devices, and keeps PREFETCH's three configurations whose threads hold 16 elements and
+    whose copies ahead fit PIPELINED_SHARED_BYTES (reckoned at the widest of the tensors' elements)."""
+    impl = next(i for i in op.implementations if i.name == "split_rows_pipelined")
+    assert impl.supports is not None and impl.prune is not None and op.make_inputs is not None
+
+    def args(n: int, dtype: torch.dtype, device: str = "cpu") -> tuple[object, ...]:
+        return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in op.make_inputs((2, n), dtype, "cpu"))
+
+    assert impl.supports(*args(20000, torch.bfloat16)) is None
+    assert "torch.float32 rows: timed faster than split_rows only in bfloat16" in str(
+        impl.supports(*args(20000, torch.float32))
+    )
+    assert "NVIDIA PTX" in str(impl.supports(*args(20000, torch.bfloat16, "meta")))
+    kept = [c for c in impl.configs or () if impl.prune(c, *args(40000, torch.bfloat16))]
+    assert {(c["BLOCK_N"], c["num_warps"]) for c in kept} == {(2048, 4), (4096, 8), (8192, 16)}
+    assert all(c["PREFETCH"] for c in kept)
+    # float32 weights make the copies of the weight twice as wide: BLOCK_N 8192 no longer fits.
+    wide_weight = tuple(
+        a.float() if isinstance(a, torch.Tensor) and a.dim() == 1 else a for a in args(40000, torch.bfloat16)
+    )
+    assert {c["BLOCK_N"] for c in impl.configs or () if impl.prune(c, *wide_weight)} == {2048, 4096}
+
+
 SPLITTING = ("split_rows", "split_rows_pipelined", "split_looped")
 _SHARED_COUNT_OPS = [
     o.name for o in kernelgate.registered_ops() if any(impl.name in SPLITTING for impl in o.implementations)

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import functools
+import os
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,32 @@ TARGET_BYTES = 128 * 2**20
 
 # A script's measurement of one input: (dtype, rows, n, device, interpret) -> its results.
 Measure = Callable[[torch.dtype, int, int, torch.device, bool], list[dict[str, Any]]]
+# How long one configuration's check and timing may take on a GPU before the run is taken to hang (its kernels are
+# compiled ahead; a check and a timing take seconds).
+HANG_SECONDS = 120.0
+# The exit status of a run stopped that way.
+HUNG = 3
+
+
+@contextlib.contextmanager
+def hang_watchdog(what: str, seconds: float = HANG_SECONDS) -> Iterator[None]:
+    """Within the block, a run that has not left it after ``seconds`` is taken to hang (a kernel whose programs wait
+    for each other for ever, as a split_rows backward variant did on an H100 at 1d9eadd): ``what`` and every
+    thread's stack go to stderr and the process exits with status HUNG, so that a device call's output says which
+    configuration hung instead of ending empty at its time limit."""
+
+    def stop() -> None:
+        print(f"hung: {what} did not finish in {seconds:g} s", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr)
+        os._exit(HUNG)
+
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def package_impl(op: Op, name: str) -> TritonImpl:
@@ -80,26 +109,37 @@ def check_and_time(
     results = []
     for impl, config in jobs:
         result: dict[str, Any] = {"variant": impl.name, "config": dict(config or {})}
-        try:
-            got = run_candidate(impl, config, values, interpret, True)
-        except Exception as err:
-            if not record_errors:
-                raise
-            result["error"] = f"{type(err).__name__}: {err}"[:300]
-            results.append(result)
-            continue
-        mismatch = compare(got, expected, n_cols, normwise=op.normwise_outputs, truth=truth)
-        result["matches_reference"] = mismatch is None
-        if mismatch is not None:
-            result["mismatch"] = str(mismatch)
-        elif not interpret:
-            from triton.testing import do_bench
-
-            run: Callable[[], object] = functools.partial(run_candidate, impl, config, values, False, False)
-            us = do_bench(run, warmup=10, rep=50, return_mode="median") * 1e3
-            result.update(time_us=round(us, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
         results.append(result)
+        with contextlib.nullcontext() if interpret else hang_watchdog(f"{impl.name} {result['config']}"):
+            try:
+                got = run_candidate(impl, config, values, interpret, True)
+            except Exception as err:
+                if not record_errors:
+                    raise
+                result["error"] = f"{type(err).__name__}: {err}"[:300]
+                continue
+            mismatch = compare(got, expected, n_cols, normwise=op.normwise_outputs, truth=truth)
+            result["matches_reference"] = mismatch is None
+            if mismatch is not None:
+                result["mismatch"] = str(mismatch)
+            elif not interpret:
+                from triton.testing import do_bench
+
+                run: Callable[[], object] = functools.partial(run_candidate, impl, config, values, False, False)
+                us = do_bench(run, warmup=10, rep=50, return_mode="median") * 1e3
+                result.update(time_us=round(us, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
     return results
+    mismatch = compare(got, expected, n_cols, normwise=op.normwise_outputs, truth=truth)
+    result["matches_reference"] = mismatch is None
+    if mismatch is not None:
+        result["mismatch"] = str(mismatch)
+    elif not interpret:
+        from triton.testing import do_bench
+
+        run: Callable[[], object] = functools.partial(run_candidate, impl, config, values, False, False)
+        us = do_bench(run, warmup=10, rep=50, return_mode="median") * 1e3
+        result.update(time_us=round(us, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
+    return result
 
 
 def argument_parser(description: str, default_lengths: Sequence[int]) -> argparse.ArgumentParser:

@@ -129,17 +129,6 @@ def check_and_time(
                 us = do_bench(run, warmup=10, rep=50, return_mode="median") * 1e3
                 result.update(time_us=round(us, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
     return results
-    mismatch = compare(got, expected, n_cols, normwise=op.normwise_outputs, truth=truth)
-    result["matches_reference"] = mismatch is None
-    if mismatch is not None:
-        result["mismatch"] = str(mismatch)
-    elif not interpret:
-        from triton.testing import do_bench
-
-        run: Callable[[], object] = functools.partial(run_candidate, impl, config, values, False, False)
-        us = do_bench(run, warmup=10, rep=50, return_mode="median") * 1e3
-        result.update(time_us=round(us, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
-    return result
 
 
 def argument_parser(description: str, default_lengths: Sequence[int]) -> argparse.ArgumentParser:

@@ -49,7 +49,7 @@ from kernelgate import rowwise
 from kernelgate.launch import LazyKernel
 from kernelgate.op import Op, TritonImpl
 from kernelgate.ops.layer_norm.kernels import layer_norm_store_partials, layer_norm_write_dx
-from kernelgate.ops.rms_norm.kernels import split_rows_store_partials, split_rows_write_dx
+from kernelgate.ops.rms_norm.kernels import rms_norm_store_partials, rms_norm_write_dx
 from kernelgate.ops.split_rows import (
     arrive_at_row,
     arrive_at_row_in_asm,
@@ -96,7 +96,7 @@ def _rms_norm_bwd_lagged_kernel(
             else:
                 x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
             partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
-            split_rows_store_partials(
+            rms_norm_store_partials(
                 x_in, dy_in, w_ptr, partial_row, part, cols, mask, SPLIT_BLOCK, HAS_WEIGHT, PHASE, EVEN_N
             )
             if PHASE == 0:
@@ -114,7 +114,7 @@ def _rms_norm_bwd_lagged_kernel(
                 sum_gx = tl.sum(load_row_partials(partial_prev, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)
                 if PHASE == 0:
                     leave_row(arrived_ptr, previous, part, n_split)
-                dw = split_rows_write_dx(
+                dw = rms_norm_write_dx(
                     x_prev, dy_prev, sum_xx, sum_gx, w_ptr, ds_ptr, dx_ptr, dw, previous, stride_dsm, stride_dxm,
                     cols, mask, n_cols, eps, HAS_DS, HAS_WEIGHT, EVEN_N,
                 )  # fmt: skip

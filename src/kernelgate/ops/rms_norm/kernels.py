@@ -418,7 +418,7 @@ def _rms_norm_bwd_columns_kernel(
 
 
 @triton.jit
-def split_rows_store_partials(
+def rms_norm_store_partials(
     x_in, dy_in, w_ptr, partial_row, part, cols, mask, SPLIT_BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     PHASE: tl.constexpr, EVEN_N: tl.constexpr,
 ):  # fmt: skip
@@ -434,7 +434,7 @@ def split_rows_store_partials(
 
 
 @triton.jit
-def split_rows_write_dx(
+def rms_norm_write_dx(
     x_in, dy_in, sum_xx, sum_gx, w_ptr, ds_ptr, dx_ptr, dw, row, stride_dsm, stride_dxm, cols, mask, n_cols, eps,
     HAS_DS: tl.constexpr, HAS_WEIGHT: tl.constexpr, EVEN_N: tl.constexpr,
 ):  # fmt: skip
@@ -485,7 +485,7 @@ def _rms_norm_bwd_split_rows_kernel(
         else:
             x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
         partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
-        split_rows_store_partials(
+        rms_norm_store_partials(
             x_in, dy_in, w_ptr, partial_row, part, cols, mask, SPLIT_BLOCK, HAS_WEIGHT, PHASE, EVEN_N
         )
         x_next, dy_next = exchange_then_prefetch(
@@ -497,7 +497,7 @@ def _rms_norm_bwd_split_rows_kernel(
             sum_gx = tl.sum(load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)
             if PHASE == 0:
                 leave_row(arrived_ptr, row, part, n_split)
-            dw = split_rows_write_dx(
+            dw = rms_norm_write_dx(
                 x_in, dy_in, sum_xx, sum_gx, w_ptr, ds_ptr, dx_ptr, dw, row, stride_dsm, stride_dxm, cols, mask,
                 n_cols, eps, HAS_DS, HAS_WEIGHT, EVEN_N,
             )  # fmt: skip
@@ -524,7 +524,7 @@ def _rms_norm_bwd_split_rows_pipelined_kernel(
     for row in tl.range(group, n_rows, groups, num_stages=1 + 2 * PREFETCH):
         x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
         partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
-        split_rows_store_partials(
+        rms_norm_store_partials(
             x_in, dy_in, w_ptr, partial_row, part, cols, mask, SPLIT_BLOCK, HAS_WEIGHT, PHASE, EVEN_N
         )
         if PHASE == 0:
@@ -536,7 +536,7 @@ def _rms_norm_bwd_split_rows_pipelined_kernel(
             sum_xx = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
             sum_gx = tl.sum(load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)
         if PHASE != 1:
-            dw = split_rows_write_dx(
+            dw = rms_norm_write_dx(
                 x_in, dy_in, sum_xx, sum_gx, w_ptr, ds_ptr, dx_ptr, dw, row, stride_dsm, stride_dxm, cols, mask,
                 n_cols, eps, HAS_DS, HAS_WEIGHT, EVEN_N,
             )  # fmt: skip

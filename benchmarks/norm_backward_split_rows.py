@@ -18,12 +18,10 @@ exchange, paid once a row, is the suspect this variant tests. Measured on an H10
 (``results/h100/norm-backward-split-rows-lagged-8d8bed0``), it is not: 0.95 to 1.06 times the package kernel's
 time. Its ``PREFETCH=1`` configurations fail the check there (the interpreter passes them); cause not found.
 
-The rms norms' ``split_rows_pipelined`` runs beside them, the package's split_rows backward with its row loop
-pipelined by Triton (2-byte rows, NVIDIA GPUs): it began here as the variant ``split_rows_staged``, which was wrong
+The package's ``split_rows_pipelined`` runs beside them, its split_rows backward with the row loop pipelined by
+Triton (2-byte rows, NVIDIA GPUs): it began here as the rms norms' variant ``split_rows_staged``, which was wrong
 and could hang as first written and, fixed, was faster than split_rows at most bfloat16 shapes on an H100
-(``results/h100/norm-backward-split-rows-staged-1d9eadd``). layer_norm's rows named ``split_rows_pipelined`` are
-this script's variant of the same (:func:`layer_norm_pipelined`), at the configurations the package would try; not
-yet run on a GPU.
+(``results/h100/norm-backward-split-rows-staged-1d9eadd``); layer_norm's began here as ``layer_norm_pipelined``.
 
     python benchmarks/norm_backward_split_rows.py --out split-rows.json
     python benchmarks/norm_backward_split_rows.py --interpret --rows 5 --lengths 9000 --out check.json
@@ -48,18 +46,14 @@ import kernelgate
 from kernelgate import rowwise
 from kernelgate.launch import LazyKernel
 from kernelgate.op import Op, TritonImpl
-from kernelgate.ops.layer_norm.kernels import layer_norm_store_partials, layer_norm_write_dx
 from kernelgate.ops.rms_norm.kernels import rms_norm_store_partials, rms_norm_write_dx
 from kernelgate.ops.split_rows import (
     arrive_at_row,
-    arrive_at_row_in_asm,
     leave_row,
     load_block_pair,
     load_row_partials,
-    load_row_partials_in_asm,
     row_group_block,
     wait_until_arrived,
-    wait_until_arrived_in_asm,
 )
 from kernelgate.ops.tiles import store_tile
 
@@ -143,70 +137,6 @@ def split_rows_variant(op: Op, name: str) -> TritonImpl:
     return dataclasses.replace(split_rows, name=name, launcher=launch, kernels=(kernel, rowwise.PARTIAL_SUMS))
 
 
-@triton.jit
-def _layer_norm_bwd_pipelined_kernel(
-    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, partial_ptr, arrived_ptr, stride_dym, stride_xm, stride_dxm,
-    n_cols, n_split, n_rows, eps, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
-):  # fmt: skip
-    """The package's ``_layer_norm_bwd_split_rows_kernel`` (same arguments, grid and results) pipelined as the rms
-    norms' ``_rms_norm_bwd_split_rows_pipelined_kernel`` is: with PREFETCH, three ``tl.range`` stages of the row
-    loop, so the blocks of the row after next are copied into shared memory while the program works on a row, and
-    the exchange in inline assembly (:mod:`kernelgate.ops.split_rows`' ``*_in_asm``)."""
-    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
-    count = tl.minimum(n_cols - part * BLOCK_N, BLOCK_N).to(tl.float32)
-    parts = tl.arange(0, SPLIT_BLOCK)
-    counts = tl.minimum(tl.maximum(n_cols - parts * BLOCK_N, 0), BLOCK_N).to(tl.float32)
-    dw = tl.zeros([BLOCK_N], tl.float32)
-    db = tl.zeros([BLOCK_N], tl.float32)
-    for row in tl.range(group, n_rows, groups, num_stages=1 + 2 * PREFETCH):
-        x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
-        k = tl.load(x_ptr + row * stride_xm).to(tl.float32)
-        partial_row = partial_ptr + row * (4 * SPLIT_BLOCK)
-        layer_norm_store_partials(
-            x_in, dy_in, k, w_ptr, partial_row, part, cols, mask, count, SPLIT_BLOCK, HAS_WEIGHT, PHASE, EVEN_N
-        )
-        if PHASE == 0:
-            wait_until_arrived_in_asm(arrived_ptr, row, n_split, arrive_at_row_in_asm(arrived_ptr, row))
-            means = load_row_partials_in_asm(partial_row, 0, n_split, SPLIT_BLOCK)
-            m2s = load_row_partials_in_asm(partial_row, 1, n_split, SPLIT_BLOCK)
-            g_sums = load_row_partials_in_asm(partial_row, 2, n_split, SPLIT_BLOCK)
-            g_devs = load_row_partials_in_asm(partial_row, 3, n_split, SPLIT_BLOCK)
-            leave_row(arrived_ptr, row, part, n_split)
-        elif PHASE == 2:  # the interpreter's second launch, after every program stored its partials
-            means = load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK)
-            m2s = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
-            g_sums = load_row_partials(partial_row, 2, n_split, 0.0, SPLIT_BLOCK)
-            g_devs = load_row_partials(partial_row, 3, n_split, 0.0, SPLIT_BLOCK)
-        if PHASE != 1:
-            dw, db = layer_norm_write_dx(
-                x_in, dy_in, k, means, m2s, g_sums, g_devs, counts, w_ptr, dx_ptr, dw, db, row, stride_dxm, cols, mask,
-                n_cols, eps, HAS_WEIGHT, HAS_BIAS, EVEN_N,
-            )  # fmt: skip
-    if PHASE != 1:
-        if HAS_WEIGHT:
-            store_tile(dw_ptr + group * n_cols + cols, dw, mask, EVEN_N, "")
-        if HAS_BIAS:
-            store_tile(db_ptr + group * n_cols + cols, db, mask, EVEN_N, "")
-
-
-LAYER_NORM_PIPELINED = LazyKernel(Path(__file__).stem, "_layer_norm_bwd_pipelined_kernel")
-
-
-def layer_norm_pipelined() -> TritonImpl:
-    """layer_norm's backward by ``_layer_norm_bwd_pipelined_kernel``, tried as the package tries the rms norms'
-    ``split_rows_pipelined`` (2-byte rows on NVIDIA GPUs, threads holding 16 elements, PREFETCH, copies of x, dy and
-    the weight read twice within its shared-memory budget)."""
-    run = functools.partial(layer_norm_module.run_backward_split_rows, kernel=LAYER_NORM_PIPELINED)
-
-    def launch(*args: Any, config: Any) -> Any:  # (grad, x, normalized_shape, weight, bias, eps)
-        return run(*args, config)
-
-    return rowwise.split_rows_backward_impl(
-        launch, (LAYER_NORM_PIPELINED, rowwise.PARTIAL_SUMS), lambda grad, x, *_: x.shape[-1], pipelined_blocks=4
-    )
-
-
 # The rms norms' variants of the package's split_rows backward kernel, by the name their rows take.
 VARIANT_KERNELS = {"split_rows_lagged": LAGGED}
 
@@ -223,8 +153,6 @@ def measure_case(
     impls = [impl for impl in op.implementations if impl.name in IMPLEMENTATIONS]
     if op.name != "layer_norm_backward":
         impls += [split_rows_variant(op, name) for name in VARIANT_KERNELS]
-    else:
-        impls.append(layer_norm_pipelined())
     return check_and_time(op, impls, values, op.reduction_length(*values), nbytes, interpret, record_errors=True)
 
 

@@ -198,9 +198,9 @@ def test_streamed_sums_round_their_base_once(triton_cache: Path, op_name: str, k
     assert re.search(rf"fma\.rn\.f32\s+%r\d+, %r\d+, {log2e}, %r\d+;", text), "the terms are not fma + ex2"
 
 
-@pytest.mark.parametrize("op_name", ["rms_norm_backward", "add_rms_norm_backward"])
+@pytest.mark.parametrize("op_name", ["rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward"])
 def test_the_pipelined_split_rows_backward_copies_its_blocks_ahead_for_sm90(triton_cache: Path, op_name: str) -> None:
-    """Compiled for sm_90, the rms norms' split_rows_pipelined row loop holds asynchronous copies (cp.async), of the
+    """Compiled for sm_90, the norms' split_rows_pipelined row loop holds asynchronous copies (cp.async), of the
     bfloat16 blocks only, where split_rows' holds none: its exchange, in inline assembly, leaves the loop one that
     Triton's pipeliner takes (it takes none that holds a while loop or a tl.debug_barrier, split_rows' exchange), and
     the row's float32 partials, copied ahead, would be read before the row's programs stored them (on an H100 a form

@@ -55,7 +55,7 @@ SPLIT_ROWS = {
 }  # fmt: skip
 # Backwards with a split_rows implementation from SPLIT_MIN_COLS on (groups of a row's programs looping over rows).
 SPLIT_ROWS_BACKWARD = {"rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward"}
-SPLIT_ROWS_PIPELINED = {"rms_norm_backward", "add_rms_norm_backward"}
+SPLIT_ROWS_PIPELINED = {"rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward"}
 # Forwards with a split_looped implementation too (2-byte rows longer than SPLIT_LOOPED_ABOVE).
 SPLIT_LOOPED = {"softmax", "log_softmax", "layer_norm"}
 
@@ -65,7 +65,7 @@ def _expected_implementations(op: kernelgate.Op, n_cols: int, dtype: torch.dtype
     backwards), and persistent beside it where the op has one; looped once a row exceeds 512 (its smallest block is
     1024, and no block may be longer than the row rounded up to a power of two); split beside looped from
     SPLIT_MIN_COLS on, where the backward has one; split_rows beyond one block, where the op has one, and from
-    SPLIT_MIN_COLS on for the norms' backwards (and split_rows_pipelined beside it for the rms norms' 2-byte rows);
+    SPLIT_MIN_COLS on for the norms' backwards (and split_rows_pipelined beside it for 2-byte rows);
     split_looped for 2-byte rows beyond SPLIT_LOOPED_ABOVE, where the forward has one."""
     if op.name in SPLIT_LOOPED and dtype.itemsize == 2 and n_cols > SPLIT_LOOPED_ABOVE:
         return _expected_implementations(op, n_cols) | {"split_looped"}

@@ -14,7 +14,7 @@ def test_every_configuration_is_checked_interpreted(
     benchmark_script: Callable[[str], ModuleType], tmp_path: Path
 ) -> None:
     """Interpreted, at 3 rows of 9000 in bfloat16 (past SPLIT_MIN_COLS, a ragged last block), every configuration of
-    split, split_rows and split_rows_pipelined of each norm backward (layer_norm's the script's variant) and of the
+    split, split_rows and split_rows_pipelined of each norm backward and of the
     rms norms' lagged variant runs and matches the reference; the JSON has provenance and no timing."""
     pytest.importorskip("triton")
     script = benchmark_script("norm_backward_split_rows")
@@ -34,15 +34,22 @@ def test_every_configuration_is_checked_interpreted(
         assert all(r["matches_reference"] and "time_us" not in r for r in case["results"]), case["op"]
 
 
-@pytest.mark.parametrize("variant", ["split_rows_lagged", "split_rows_pipelined"])
+VARIANTS = [
+    (op_name, variant)
+    for op_name in ("rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward")
+    for variant in ("split_rows_lagged", "split_rows_pipelined")
+    if variant == "split_rows_pipelined" or op_name != "layer_norm_backward"
+]
+
+
 @pytest.mark.parametrize("prefetch", [0, 1])
-@pytest.mark.parametrize("op_name", ["rms_norm_backward", "add_rms_norm_backward"])
+@pytest.mark.parametrize(("op_name", "variant"), VARIANTS)
 def test_the_variants_match_the_reference_over_several_groups(
     benchmark_script: Callable[[str], ModuleType], op_name: str, prefetch: int, variant: str
 ) -> None:
-    """The lagged variant (each row's wait put off by a row, its last row finished after the loop) and the package's
-    pipelined split_rows (the row loop in tl.range stages) give the reference's dx and dweight, interpreted, where 7
-    rows of 3000 fall into 2 groups of 3 programs (4 and 3 rows), with and without PREFETCH."""
+    """The rms norms' lagged variant (each row's wait put off by a row, its last row finished after the loop) and the
+    package's pipelined split_rows of each norm (the row loop in tl.range stages) give the reference's gradients,
+    interpreted, where 7 rows of 3000 fall into 2 groups of 3 programs (4 and 3 rows), with and without PREFETCH."""
     pytest.importorskip("triton")
     import torch
 
@@ -88,51 +95,3 @@ def test_the_lagged_variant_compiles_for_sm90(
             call_state.collect = None
     lagged = [p for p in triton_cache.rglob("*.cubin") if "lagged" in p.name]
     assert len(lagged) == 2, lagged  # one each with and without PREFETCH
-
-
-@pytest.mark.parametrize("prefetch", [0, 1])
-def test_the_pipelined_layer_norm_backward_matches_the_reference_over_several_groups(
-    benchmark_script: Callable[[str], ModuleType], prefetch: int
-) -> None:
-    """layer_norm's pipelined variant gives the reference's dx, dweight and dbias, interpreted, where 7 rows of 3000
-    fall into 2 groups of 3 programs (4 and 3 rows), with and without PREFETCH."""
-    pytest.importorskip("triton")
-    import torch
-
-    import kernelgate
-    from kernelgate.selection import compare, run_candidate
-
-    script = benchmark_script("norm_backward_split_rows")
-    op = kernelgate.layer_norm_backward
-    assert op.make_inputs is not None
-    values = tuple(op.make_inputs((7, 3000), torch.bfloat16, torch.device("cpu")))
-    config = {"BLOCK_N": 1024, "num_warps": 4, "PER_SM": 4, "PREFETCH": prefetch}
-    got = run_candidate(script.layer_norm_pipelined(), config, values, True, poison=True)
-    expected = op.reference(*values)
-    assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None
-
-
-def test_the_pipelined_layer_norm_backward_copies_its_blocks_ahead_for_sm90(
-    benchmark_script: Callable[[str], ModuleType], triton_cache: Path
-) -> None:
-    """Compiled for sm_90, layer_norm's pipelined variant's row loop holds asynchronous copies, of bfloat16 only: not
-    of the row's float32 partials, which copied ahead would be read before the row's programs stored them."""
-    import torch
-
-    import kernelgate
-    from kernelgate.launch import call_state
-    from kernelgate.selection import run_candidate
-
-    script = benchmark_script("norm_backward_split_rows")
-    op = kernelgate.layer_norm_backward
-    assert op.make_inputs is not None
-    values = tuple(op.make_inputs((2, 16448), torch.bfloat16, torch.device("cpu")))
-    call_state.collect = []
-    try:
-        config = {"BLOCK_N": 4096, "num_warps": 8, "PER_SM": 2, "PREFETCH": 1}
-        run_candidate(script.layer_norm_pipelined(), config, values, interpret=False, poison=False)
-    finally:
-        call_state.collect = None
-    ttgir = "".join(p.read_text() for p in triton_cache.rglob("*.ttgir") if "pipelined" in p.name)
-    copied = [line for line in ttgir.splitlines() if "ttg.async_copy_global_to_local" in line]
-    assert copied and all("!tt.ptr<bf16>" in line for line in copied), copied

@@ -399,7 +399,11 @@ def test_split_looped_leaves_its_counts_zero_for_the_next_launch() -> None:
                 assert rowwise.split_rows_counts(cuda, 3).tolist() == [0, 0, 0], (op.name, config)
 
 
-@pytest.mark.parametrize("op", [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward], ids=lambda op: op.name)
+@pytest.mark.parametrize(
+    "op",
+    [kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward],
+    ids=lambda op: op.name,
+)
 def test_the_pipelined_backward_is_offered_for_2_byte_rows_on_nvidia_gpus(op: kernelgate.Op) -> None:
     """split_rows_pipelined takes 2-byte rows on a CUDA device (and the interpreter's CPU tensors), says why not for
     float32 rows and for other devices, and keeps PREFETCH's three configurations whose threads hold 16 elements and
@@ -438,7 +442,7 @@ def test_every_split_config_leaves_the_streams_counts_zero(
     op_name: str, shape: tuple[int, int], dtype: torch.dtype
 ) -> None:
     """On a GPU, every configuration of every implementation that splits rows over programs (split_rows, the norms'
-    looping groups and the rms norms' pipelined form of them, split_looped) leaves the whole of the stream's arrival
+    looping groups and their pipelined form, split_looped) leaves the whole of the stream's arrival
     counts zero: a count left behind would let a later launch on any op read partials too early, or wait for ever.
     Rows enough that the norms' backward groups loop over several; the bf16 case long enough for split_looped."""
     from kernelgate.op import get_op

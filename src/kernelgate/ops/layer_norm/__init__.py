@@ -32,6 +32,11 @@ LAYER_NORM_BWD_LOOPED = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_
 LAYER_NORM_BWD_STATS = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_stats_kernel")
 LAYER_NORM_BWD_COLUMNS = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_columns_kernel")
 LAYER_NORM_BWD_SPLIT_ROWS = LazyKernel("kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_split_rows_kernel")
+LAYER_NORM_BWD_SPLIT_ROWS_PIPELINED = LazyKernel(
+    "kernelgate.ops.layer_norm.kernels", "_layer_norm_bwd_split_rows_pipelined_kernel"
+)
+# The blocks of a row the pipelined split_rows backward copies ahead: x, dy and the weight, read twice.
+PIPELINED_BLOCKS = 4
 
 # The looped backward keeps four running sums per lane, the looped forward a block of x and (with
 # PREFETCH) the next, and the single-block backward holds x, dy, w and the dw and db sums: fewer elements
@@ -291,6 +296,21 @@ def _launch_backward_split_rows(
     return run_backward_split_rows(grad, x, normalized_shape, weight, bias, eps, config)
 
 
+def _launch_backward_split_rows_pipelined(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    *,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return run_backward_split_rows(
+        grad, x, normalized_shape, weight, bias, eps, config, kernel=LAYER_NORM_BWD_SPLIT_ROWS_PIPELINED
+    )
+
+
 def run_backward_split_rows(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -304,8 +324,8 @@ def run_backward_split_rows(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward in one kernel that reads x and grad once: each row split over programs that exchange its
     statistics, in groups that loop over rows (:func:`kernelgate.rowwise.split_rows_groups`), a row of partial sums
-    of dweight and of dbias a group. ``kernel``: one with ``_layer_norm_bwd_split_rows_kernel``'s arguments (a
-    benchmark's variant)."""
+    of dweight and of dbias a group. ``kernel``: one with ``_layer_norm_bwd_split_rows_kernel``'s arguments (its
+    pipelined form, or a benchmark's variant)."""
     x_rows, g_rows, w = _backward_operands(grad, x, normalized_shape, weight, bias)
     n_rows, n_cols, block = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"]
     groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
@@ -470,6 +490,12 @@ layer_norm_backward = Op(
         ),
         rowwise.split_rows_backward_impl(
             _launch_backward_split_rows, (LAYER_NORM_BWD_SPLIT_ROWS, rowwise.PARTIAL_SUMS), _bwd_n_cols
+        ),
+        rowwise.split_rows_backward_impl(
+            _launch_backward_split_rows_pipelined,
+            (LAYER_NORM_BWD_SPLIT_ROWS_PIPELINED, rowwise.PARTIAL_SUMS),
+            _bwd_n_cols,
+            pipelined_blocks=PIPELINED_BLOCKS,
         ),
     ),
     bucket=lambda grad, x, normalized_shape, weight, bias, eps: _bucket(x, normalized_shape, weight, bias),

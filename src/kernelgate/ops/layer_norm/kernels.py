@@ -18,14 +18,17 @@ import triton
 import triton.language as tl
 
 from kernelgate.ops.split_rows import (
+    arrive_at_row_in_asm,
     exchange_then_prefetch,
     leave_row,
     load_block_pair,
     load_row_partials,
+    load_row_partials_in_asm,
     row_group_block,
     split_row_block,
     split_row_pair,
     split_row_segment,
+    wait_until_arrived_in_asm,
     widen_after_wait,
 )
 from kernelgate.ops.tiles import load_row_pair, load_tile, store_tile, weighted_gradient
@@ -672,6 +675,53 @@ def _layer_norm_bwd_split_rows_kernel(
             g_devs = load_row_partials(partial_row, 3, n_split, 0.0, SPLIT_BLOCK)
             if PHASE == 0:
                 leave_row(arrived_ptr, row, part, n_split)
+            dw, db = layer_norm_write_dx(
+                x_in, dy_in, k, means, m2s, g_sums, g_devs, counts, w_ptr, dx_ptr, dw, db, row, stride_dxm, cols, mask,
+                n_cols, eps, HAS_WEIGHT, HAS_BIAS, EVEN_N,
+            )  # fmt: skip
+    if PHASE != 1:
+        if HAS_WEIGHT:
+            store_tile(dw_ptr + group * n_cols + cols, dw, mask, EVEN_N, "")
+        if HAS_BIAS:
+            store_tile(db_ptr + group * n_cols + cols, db, mask, EVEN_N, "")
+
+
+@triton.jit
+def _layer_norm_bwd_split_rows_pipelined_kernel(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, partial_ptr, arrived_ptr, stride_dym, stride_xm, stride_dxm,
+    n_cols, n_split, n_rows, eps, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """``_layer_norm_bwd_split_rows_kernel`` (same arguments, grid and results) pipelined as rms_norm's
+    ``_rms_norm_bwd_split_rows_pipelined_kernel`` is: with PREFETCH, three ``tl.range`` stages of the row loop, so
+    the blocks of the row after next are copied into shared memory (``cp.async``) while the program works on a row,
+    and the exchange in inline assembly (:mod:`kernelgate.ops.split_rows`' ``*_in_asm``, NVIDIA GPUs)."""
+    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
+    count = tl.minimum(n_cols - part * BLOCK_N, BLOCK_N).to(tl.float32)
+    parts = tl.arange(0, SPLIT_BLOCK)
+    counts = tl.minimum(tl.maximum(n_cols - parts * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    db = tl.zeros([BLOCK_N], tl.float32)
+    for row in tl.range(group, n_rows, groups, num_stages=1 + 2 * PREFETCH):
+        x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
+        k = tl.load(x_ptr + row * stride_xm).to(tl.float32)
+        partial_row = partial_ptr + row * (4 * SPLIT_BLOCK)
+        layer_norm_store_partials(
+            x_in, dy_in, k, w_ptr, partial_row, part, cols, mask, count, SPLIT_BLOCK, HAS_WEIGHT, PHASE, EVEN_N
+        )
+        if PHASE == 0:
+            wait_until_arrived_in_asm(arrived_ptr, row, n_split, arrive_at_row_in_asm(arrived_ptr, row))
+            means = load_row_partials_in_asm(partial_row, 0, n_split, SPLIT_BLOCK)
+            m2s = load_row_partials_in_asm(partial_row, 1, n_split, SPLIT_BLOCK)
+            g_sums = load_row_partials_in_asm(partial_row, 2, n_split, SPLIT_BLOCK)
+            g_devs = load_row_partials_in_asm(partial_row, 3, n_split, SPLIT_BLOCK)
+            leave_row(arrived_ptr, row, part, n_split)
+        elif PHASE == 2:  # the interpreter's second launch, after every program stored its partials
+            means = load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK)
+            m2s = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+            g_sums = load_row_partials(partial_row, 2, n_split, 0.0, SPLIT_BLOCK)
+            g_devs = load_row_partials(partial_row, 3, n_split, 0.0, SPLIT_BLOCK)
+        if PHASE != 1:
             dw, db = layer_norm_write_dx(
                 x_in, dy_in, k, means, m2s, g_sums, g_devs, counts, w_ptr, dx_ptr, dw, db, row, stride_dxm, cols, mask,
                 n_cols, eps, HAS_WEIGHT, HAS_BIAS, EVEN_N,

@@ -24,6 +24,12 @@ a clock each), against 63 us for the copy. The variants:
   program's wait overlaps its next read rather than only other programs' reads. On an H100 at 137b566
   (``benchmarks/results/h100/split-rows-grouped-forward-137b566/``) it was slower at every long row: softmax 1.6 to
   5.3 %, rms_norm 5.8 to 14.3 %, and PREFETCH slower still; the package kept its one-row-a-program grids.
+- ``split_pipelined`` (softmax and rms_norm): ``split_grouped`` with its row loop pipelined by Triton, as the
+  norms' ``split_rows_pipelined`` backwards are (three ``tl.range`` stages: the block of the group's row after next
+  is copied into shared memory while a program works on a row; the exchange in inline PTX), at the grouped
+  configurations with PREFETCH whose copies fit ``rowwise.PIPELINED_SHARED_BYTES``. The register prefetch above
+  holds the next row through the wait; this one holds it in shared memory, where it takes no registers from the
+  programs a multiprocessor fits. Not yet run on a GPU.
 
 The results at 3296d94 (``benchmarks/results/h200/split-rows-variants-3296d94/``) made the package's split_rows
 kernels wait as ``split_one_exp_last`` does, and its softmax forward take one exponential an element: from then
@@ -97,13 +103,16 @@ from kernelgate.op import TritonImpl
 from kernelgate.ops.layer_norm.kernels import _add_pair, _block_stats
 from kernelgate.ops.split_rows import (
     arrive_at_row,
+    arrive_at_row_in_asm,
     leave_row,
     load_row_partials,
+    load_row_partials_in_asm,
     merge_max_and_sum,
     row_group_block,
     split_row_block,
     split_row_pair,
     wait_until_arrived,
+    wait_until_arrived_in_asm,
     widen_after_wait,
 )
 from kernelgate.ops.tiles import exp_below_max, load_tile, store_tile
@@ -367,6 +376,70 @@ def _rms_norm_grouped_kernel(
             store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
+@triton.jit
+def _softmax_pipelined_kernel(
+    x_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, n_rows, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """``_softmax_grouped_kernel`` with its row loop pipelined by Triton, as the norms' ``split_rows_pipelined``
+    backwards are: with PREFETCH, three ``tl.range`` stages, so the block of the group's row after next is copied
+    into shared memory (``cp.async``) while the program works on a row, and the exchange in inline assembly
+    (:mod:`kernelgate.ops.split_rows`' ``*_in_asm``, NVIDIA GPUs)."""
+    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
+    inside = tl.arange(0, SPLIT_BLOCK) < n_split
+    for row in tl.range(group, n_rows, groups, num_stages=1 + 2 * PREFETCH):
+        x_in = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "")
+        x = x_in.to(tl.float32)
+        partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
+        m_block = tl.max(x, axis=0) if PHASE != 2 else tl.load(partial_row + part)
+        if x_in.dtype != tl.float32:
+            e = exp_below_max(x, m_block)
+        else:
+            e = tl.where(x == -float("inf"), 0.0, tl.exp(x - m_block))
+        if PHASE != 2:
+            tl.store(partial_row + part, m_block)
+            tl.store(partial_row + SPLIT_BLOCK + part, tl.sum(e, axis=0))
+        if PHASE == 0:
+            wait_until_arrived_in_asm(arrived_ptr, row, n_split, arrive_at_row_in_asm(arrived_ptr, row))
+            m_parts = tl.where(inside, load_row_partials_in_asm(partial_row, 0, n_split, SPLIT_BLOCK), -float("inf"))
+            s_parts = load_row_partials_in_asm(partial_row, 1, n_split, SPLIT_BLOCK)
+            leave_row(arrived_ptr, row, part, n_split)
+        elif PHASE == 2:  # the interpreter's second launch, after every program stored its partials
+            m_parts = load_row_partials(partial_row, 0, n_split, -float("inf"), SPLIT_BLOCK)
+            s_parts = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+        if PHASE != 1:
+            m, s = merge_max_and_sum(m_parts, s_parts)
+            y = e * (tl.exp(m_block - m) / s)
+            store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
+@triton.jit
+def _rms_norm_pipelined_kernel(
+    x_ptr, w_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, n_rows, eps,
+    HAS_WEIGHT: tl.constexpr, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """``_rms_norm_grouped_kernel`` with its row loop pipelined by Triton (as ``_softmax_pipelined_kernel``)."""
+    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
+    for row in tl.range(group, n_rows, groups, num_stages=1 + 2 * PREFETCH):
+        x_in = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "")
+        x = x_in.to(tl.float32)
+        partial_row = partial_ptr + row * SPLIT_BLOCK
+        if PHASE != 2:
+            tl.store(partial_row + part, tl.sum(x * x, axis=0))
+        if PHASE == 0:
+            wait_until_arrived_in_asm(arrived_ptr, row, n_split, arrive_at_row_in_asm(arrived_ptr, row))
+            total = tl.sum(load_row_partials_in_asm(partial_row, 0, n_split, SPLIT_BLOCK), axis=0)
+            leave_row(arrived_ptr, row, part, n_split)
+        elif PHASE == 2:
+            total = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
+        if PHASE != 1:
+            y = widen_after_wait(x_in) * tl.rsqrt(total / n_cols + eps)
+            if HAS_WEIGHT:
+                y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
 _STEM = Path(__file__).stem
 SOFTMAX_ONE_EXP = LazyKernel(_STEM, "_softmax_one_exp_kernel")
 SOFTMAX_RECIPROCAL = LazyKernel(_STEM, "_softmax_reciprocal_kernel")
@@ -375,6 +448,8 @@ RMS_NORM_WAIT = LazyKernel(_STEM, "_rms_norm_wait_kernel")
 LAYER_NORM_STATS = LazyKernel(_STEM, "_layer_norm_stats_kernel")
 SOFTMAX_GROUPED = LazyKernel(_STEM, "_softmax_grouped_kernel")
 RMS_NORM_GROUPED = LazyKernel(_STEM, "_rms_norm_grouped_kernel")
+SOFTMAX_PIPELINED = LazyKernel(_STEM, "_softmax_pipelined_kernel")
+RMS_NORM_PIPELINED = LazyKernel(_STEM, "_rms_norm_pipelined_kernel")
 # The grouped variants' configurations: blocks of 8192 and 16384 columns at 16 or 32 elements a thread, with or without
 # the next row's block loaded during the wait, and 2 to 5 programs a multiprocessor.
 GROUPED_CONFIGS = ConfigSpace(BLOCK_N=(8192, 16384), num_warps=(8, 16), PER_SM=(2, 3, 4, 5), PREFETCH=(0, 1))
@@ -383,6 +458,17 @@ GROUPED_CONFIGS = ConfigSpace(BLOCK_N=(8192, 16384), num_warps=(8, 16), PER_SM=(
 def _grouped_prune(config: Any, x: torch.Tensor, *args: Any) -> bool:
     per_thread = config["BLOCK_N"] // (32 * config["num_warps"])
     return 16 <= per_thread <= 32 and config["BLOCK_N"] < x.shape[-1]
+
+
+def _pipelined_prune(blocks: int) -> Any:
+    """The grouped configurations with PREFETCH whose copies ahead, two rows of ``blocks`` blocks (x, and rms_norm's
+    weight), fit the shared memory the package's pipelined backwards may take."""
+
+    def prune(config: Any, x: torch.Tensor, *args: Any) -> bool:
+        copies = 2 * blocks * config["BLOCK_N"] * x.element_size()
+        return _grouped_prune(config, x) and bool(config["PREFETCH"]) and copies <= rowwise.PIPELINED_SHARED_BYTES
+
+    return prune
 
 
 def _softmax_split_variant(name: str, wait: int) -> TritonImpl:
@@ -446,7 +532,8 @@ def _layer_norm_split_variant(name: str, stats: int) -> TritonImpl:
     return dataclasses.replace(package, name=name, launcher=launch, kernels=(LAYER_NORM_STATS,))
 
 
-def _softmax_grouped_variant() -> TritonImpl:
+def _softmax_grouped_variant(name: str = "split_grouped", kernel: LazyKernel = SOFTMAX_GROUPED) -> TritonImpl:
+    """softmax's grouped variant, or (``kernel``) its pipelined form."""
     package = package_impl(kernelgate.softmax, "split_rows")
 
     def launch(x: torch.Tensor, dim: int = -1, *, config: Any) -> torch.Tensor:
@@ -454,33 +541,36 @@ def _softmax_grouped_variant() -> TritonImpl:
         y = torch.empty_like(x)
         groups = rowwise.split_rows_groups(x.device, rows.n_rows, rows.n_cols, config["BLOCK_N"], config["PER_SM"])
         rowwise.launch_split_rows(
-            SOFTMAX_GROUPED, rows, (rows.tensor, y), (rows.stride, rows.n_cols), (rows.n_rows,), 2, config=config,
+            kernel, rows, (rows.tensor, y), (rows.stride, rows.n_cols), (rows.n_rows,), 2, config=config,
             groups=groups, PREFETCH=bool(config["PREFETCH"]), EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
         )  # fmt: skip
         return y
 
+    prune = _grouped_prune if kernel is SOFTMAX_GROUPED else _pipelined_prune(1)
     return dataclasses.replace(
-        package, name="split_grouped", launcher=launch, kernels=(SOFTMAX_GROUPED,), configs=GROUPED_CONFIGS,
-        default_config=None, prune=_grouped_prune,
+        package, name=name, launcher=launch, kernels=(kernel,), configs=GROUPED_CONFIGS, default_config=None,
+        prune=prune,
     )  # fmt: skip
 
 
-def _rms_norm_grouped_variant() -> TritonImpl:
+def _rms_norm_grouped_variant(name: str = "split_grouped", kernel: LazyKernel = RMS_NORM_GROUPED) -> TritonImpl:
+    """rms_norm's grouped variant, or (``kernel``) its pipelined form."""
     package = package_impl(kernelgate.rms_norm, "split_rows")
 
     def launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float = EPS, *, config: Any) -> torch.Tensor:
         rows, w, y = rms_norm_module._forward_operands(x, weight)
         groups = rowwise.split_rows_groups(x.device, rows.n_rows, rows.n_cols, config["BLOCK_N"], config["PER_SM"])
         rowwise.launch_split_rows(
-            RMS_NORM_GROUPED, rows, (rows.tensor, w, y), (rows.stride, rows.n_cols), (rows.n_rows, eps), 1,
+            kernel, rows, (rows.tensor, w, y), (rows.stride, rows.n_cols), (rows.n_rows, eps), 1,
             config=config, groups=groups, HAS_WEIGHT=weight is not None, PREFETCH=bool(config["PREFETCH"]),
             EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
         )  # fmt: skip
         return y
 
+    prune = _grouped_prune if kernel is RMS_NORM_GROUPED else _pipelined_prune(2)
     return dataclasses.replace(
-        package, name="split_grouped", launcher=launch, kernels=(RMS_NORM_GROUPED,), configs=GROUPED_CONFIGS,
-        default_config=None, prune=_grouped_prune,
+        package, name=name, launcher=launch, kernels=(kernel,), configs=GROUPED_CONFIGS, default_config=None,
+        prune=prune,
     )  # fmt: skip
 
 
@@ -489,6 +579,7 @@ def variants(op_name: str) -> list[TritonImpl]:
         return [
             package_impl(kernelgate.softmax, "split_rows"),
             _softmax_grouped_variant(),
+            _softmax_grouped_variant("split_pipelined", SOFTMAX_PIPELINED),
             _softmax_split_variant("split_one_exp", WAIT_PACKAGE),
             _softmax_split_variant("split_one_exp_last", WAIT_LAST),
             _softmax_split_variant("split_one_exp_volatile", WAIT_VOLATILE),
@@ -511,6 +602,7 @@ def variants(op_name: str) -> list[TritonImpl]:
     return [
         package_impl(kernelgate.rms_norm, "split_rows"),
         _rms_norm_grouped_variant(),
+        _rms_norm_grouped_variant("split_pipelined", RMS_NORM_PIPELINED),
         _rms_norm_split_variant("split_last", WAIT_LAST),
         _rms_norm_split_variant("split_volatile", WAIT_VOLATILE),
     ]

@@ -19,7 +19,8 @@ def variants_script(benchmark_script: Callable[[str], ModuleType]) -> ModuleType
 def test_every_variant_matches_the_reference_interpreted(variants_script: ModuleType, tmp_path: Path) -> None:
     """Interpreted (where a kernel's programs do not wait for each other: the partials, then the rest), each
     variant of each op at every configuration that suits a row of 20000 matches the reference; the result has
-    provenance and no timing. Every variant suits a row of 20000 (one block holds up to 32768)."""
+    provenance and no timing. Every variant suits a row of 20000 (one block holds up to 32768); the grouped and
+    pipelined ones loop over both rows in one group at two programs a multiprocessor."""
     out = tmp_path / "variants.json"
     args = ["--interpret", "--rows", "2", "--lengths", "20000", "--dtype", "float32", "--out", str(out)]
     assert variants_script.main(args) == 0
@@ -28,10 +29,11 @@ def test_every_variant_matches_the_reference_interpreted(variants_script: Module
     assert [(c["op"], c["shape"]) for c in result["cases"]] == [("softmax", [2, 20000]), ("rms_norm", [2, 20000])]
     softmax, rms_norm = ({r["variant"] for r in c["results"]} for c in result["cases"])
     assert softmax == {
-        "split_rows", "split_grouped", "split_one_exp", "split_one_exp_last", "split_one_exp_volatile", "looped",
-        "single_block", "single_block_reciprocal", "persistent", "persistent_reciprocal",
+        "split_rows", "split_grouped", "split_pipelined", "split_one_exp", "split_one_exp_last",
+        "split_one_exp_volatile", "looped", "single_block", "single_block_reciprocal", "persistent",
+        "persistent_reciprocal",
     }  # fmt: skip
-    assert rms_norm == {"split_rows", "split_grouped", "split_last", "split_volatile"}
+    assert rms_norm == {"split_rows", "split_grouped", "split_pipelined", "split_last", "split_volatile"}
     for case in result["cases"]:
         for r in case["results"]:
             assert r["matches_reference"] is True and "time_us" not in r, r
@@ -55,3 +57,29 @@ def test_only_times_the_named_variants_and_layer_norm_offers_its_split_variants(
     for case in cases:
         for r in case["results"]:
             assert r["matches_reference"] is True and "time_us" not in r, r
+
+
+@pytest.mark.parametrize("op_name", ["softmax", "rms_norm"])
+def test_the_pipelined_forwards_copy_their_blocks_ahead_for_sm90(
+    variants_script: ModuleType, triton_cache: Path, op_name: str
+) -> None:
+    """Compiled for sm_90 (a compile-only driver where there is no GPU), the pipelined forwards' row loops hold
+    asynchronous copies, of the bfloat16 blocks only: not of the row's float32 partials, which copied ahead would be
+    read before the row's programs stored them."""
+    import torch
+
+    from kernelgate.launch import call_state
+    from kernelgate.selection import run_candidate
+
+    impl = next(i for i in variants_script.variants(op_name) if i.name == "split_pipelined")
+    x = torch.randn(4, 40000).bfloat16()
+    values = (x, -1) if op_name == "softmax" else (x, torch.rand(40000).bfloat16() + 0.5, 1e-6)
+    call_state.collect = []
+    try:
+        config = {"BLOCK_N": 8192, "num_warps": 16, "PER_SM": 2, "PREFETCH": 1}
+        run_candidate(impl, config, values, interpret=False, poison=False)
+    finally:
+        call_state.collect = None
+    ttgir = "".join(p.read_text() for p in triton_cache.rglob("*.ttgir") if "pipelined" in p.name)
+    copied = [line for line in ttgir.splitlines() if "ttg.async_copy_global_to_local" in line]
+    assert copied and all("!tt.ptr<bf16>" in line for line in copied), copied

@@ -24,12 +24,13 @@ a clock each), against 63 us for the copy. The variants:
   program's wait overlaps its next read rather than only other programs' reads. On an H100 at 137b566
   (``benchmarks/results/h100/split-rows-grouped-forward-137b566/``) it was slower at every long row: softmax 1.6 to
   5.3 %, rms_norm 5.8 to 14.3 %, and PREFETCH slower still; the package kept its one-row-a-program grids.
-- ``split_pipelined`` (softmax and rms_norm): ``split_grouped`` with its row loop pipelined by Triton, as the
-  norms' ``split_rows_pipelined`` backwards are (three ``tl.range`` stages: the block of the group's row after next
-  is copied into shared memory while a program works on a row; the exchange in inline PTX), at the grouped
-  configurations with PREFETCH whose copies fit ``rowwise.PIPELINED_SHARED_BYTES``. The register prefetch above
-  holds the next row through the wait; this one holds it in shared memory, where it takes no registers from the
-  programs a multiprocessor fits. Not yet run on a GPU.
+- ``split_pipelined`` (softmax, rms_norm and layer_norm): ``split_grouped`` (for layer_norm, its split_rows kernel
+  grouped so) with the row loop pipelined by Triton, as the norms' ``split_rows_pipelined`` backwards are (three
+  ``tl.range`` stages: the blocks of the group's row after next are copied into shared memory while a program works
+  on a row; the exchange in inline PTX), at the grouped configurations with PREFETCH whose copies fit
+  ``rowwise.PIPELINED_SHARED_BYTES``. The register prefetch above holds the next row through the wait; this one
+  holds it in shared memory, where it takes no registers from the programs a multiprocessor fits. Not yet run on a
+  GPU.
 
 The results at 3296d94 (``benchmarks/results/h200/split-rows-variants-3296d94/``) made the package's split_rows
 kernels wait as ``split_one_exp_last`` does, and its softmax forward take one exponential an element: from then
@@ -100,7 +101,7 @@ from kernelgate import rowwise
 from kernelgate.config import ConfigSpace
 from kernelgate.launch import LazyKernel
 from kernelgate.op import TritonImpl
-from kernelgate.ops.layer_norm.kernels import _add_pair, _block_stats
+from kernelgate.ops.layer_norm.kernels import _add_pair, _block_stats, _merge_block_stats
 from kernelgate.ops.split_rows import (
     arrive_at_row,
     arrive_at_row_in_asm,
@@ -440,6 +441,44 @@ def _rms_norm_pipelined_kernel(
             store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
 
 
+@triton.jit
+def _layer_norm_pipelined_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, partial_ptr, arrived_ptr, stride_xm, stride_ym, n_cols, n_split, n_rows, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """The package's split_rows layer_norm (its statistics and formulas) with a row's programs in groups that loop
+    over rows, the loop pipelined by Triton as ``_softmax_pipelined_kernel``'s is (x, the weight and the bias copied
+    ahead)."""
+    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
+    count = tl.minimum(n_cols - part * BLOCK_N, BLOCK_N).to(tl.float32)
+    for row in tl.range(group, n_rows, groups, num_stages=1 + 2 * PREFETCH):
+        x_row = x_ptr + row * stride_xm
+        x_in = load_tile(x_row + cols, mask, 0.0, EVEN_N, "")
+        k = tl.load(x_row).to(tl.float32)
+        partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
+        if PHASE != 2:
+            mean_part, m2_part = _block_stats(x_in.to(tl.float32), mask, k, count, EVEN_N)
+            tl.store(partial_row + part, mean_part)
+            tl.store(partial_row + SPLIT_BLOCK + part, m2_part)
+        if PHASE == 0:
+            wait_until_arrived_in_asm(arrived_ptr, row, n_split, arrive_at_row_in_asm(arrived_ptr, row))
+            means = load_row_partials_in_asm(partial_row, 0, n_split, SPLIT_BLOCK)
+            m2s = load_row_partials_in_asm(partial_row, 1, n_split, SPLIT_BLOCK)
+            leave_row(arrived_ptr, row, part, n_split)
+        elif PHASE == 2:
+            means = load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK)
+            m2s = load_row_partials(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+        if PHASE != 1:
+            mean, var = _merge_block_stats(means, m2s, n_cols, BLOCK_N, SPLIT_BLOCK)
+            y = ((widen_after_wait(x_in) - k) - mean) * tl.rsqrt(var + eps)
+            if HAS_WEIGHT:
+                y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            if HAS_BIAS:
+                y = y + load_tile(b_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+            store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
 _STEM = Path(__file__).stem
 SOFTMAX_ONE_EXP = LazyKernel(_STEM, "_softmax_one_exp_kernel")
 SOFTMAX_RECIPROCAL = LazyKernel(_STEM, "_softmax_reciprocal_kernel")
@@ -450,6 +489,7 @@ SOFTMAX_GROUPED = LazyKernel(_STEM, "_softmax_grouped_kernel")
 RMS_NORM_GROUPED = LazyKernel(_STEM, "_rms_norm_grouped_kernel")
 SOFTMAX_PIPELINED = LazyKernel(_STEM, "_softmax_pipelined_kernel")
 RMS_NORM_PIPELINED = LazyKernel(_STEM, "_rms_norm_pipelined_kernel")
+LAYER_NORM_PIPELINED = LazyKernel(_STEM, "_layer_norm_pipelined_kernel")
 # The grouped variants' configurations: blocks of 8192 and 16384 columns at 16 or 32 elements a thread, with or without
 # the next row's block loaded during the wait, and 2 to 5 programs a multiprocessor.
 GROUPED_CONFIGS = ConfigSpace(BLOCK_N=(8192, 16384), num_warps=(8, 16), PER_SM=(2, 3, 4, 5), PREFETCH=(0, 1))
@@ -461,8 +501,8 @@ def _grouped_prune(config: Any, x: torch.Tensor, *args: Any) -> bool:
 
 
 def _pipelined_prune(blocks: int) -> Any:
-    """The grouped configurations with PREFETCH whose copies ahead, two rows of ``blocks`` blocks (x, and rms_norm's
-    weight), fit the shared memory the package's pipelined backwards may take."""
+    """The grouped configurations with PREFETCH whose copies ahead, two rows of ``blocks`` blocks (x, and the norms'
+    weight and bias), fit the shared memory the package's pipelined backwards may take."""
 
     def prune(config: Any, x: torch.Tensor, *args: Any) -> bool:
         copies = 2 * blocks * config["BLOCK_N"] * x.element_size()
@@ -532,6 +572,33 @@ def _layer_norm_split_variant(name: str, stats: int) -> TritonImpl:
     return dataclasses.replace(package, name=name, launcher=launch, kernels=(LAYER_NORM_STATS,))
 
 
+def _layer_norm_pipelined_variant() -> TritonImpl:
+    package = package_impl(kernelgate.layer_norm, "split_rows")
+
+    def launch(
+        x: torch.Tensor,
+        normalized_shape: Sequence[int],
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        eps: float = EPS,
+        *,
+        config: Any,
+    ) -> torch.Tensor:
+        rows, pointers, y = layer_norm_module._forward_operands(x, normalized_shape, weight, bias)
+        groups = rowwise.split_rows_groups(x.device, rows.n_rows, rows.n_cols, config["BLOCK_N"], config["PER_SM"])
+        rowwise.launch_split_rows(
+            LAYER_NORM_PIPELINED, rows, pointers, (rows.stride, rows.n_cols), (rows.n_rows, float(eps)), 2,
+            config=config, groups=groups, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            PREFETCH=bool(config["PREFETCH"]), EVEN_N=rows.n_cols % config["BLOCK_N"] == 0,
+        )  # fmt: skip
+        return y
+
+    return dataclasses.replace(
+        package, name="split_pipelined", launcher=launch, kernels=(LAYER_NORM_PIPELINED,), configs=GROUPED_CONFIGS,
+        default_config=None, prune=_pipelined_prune(3),
+    )  # fmt: skip
+
+
 def _softmax_grouped_variant(name: str = "split_grouped", kernel: LazyKernel = SOFTMAX_GROUPED) -> TritonImpl:
     """softmax's grouped variant, or (``kernel``) its pipelined form."""
     package = package_impl(kernelgate.softmax, "split_rows")
@@ -595,6 +662,7 @@ def variants(op_name: str) -> list[TritonImpl]:
             _layer_norm_split_variant("split_pair_unsafe", 2),
             _layer_norm_split_variant("split_recompute_zext_after", 4),
             _layer_norm_split_variant("split_recompute_zero", 5),
+            _layer_norm_pipelined_variant(),
             package_impl(kernelgate.layer_norm, "split_looped"),
             package_impl(kernelgate.layer_norm, "looped"),
             package_impl(kernelgate.layer_norm, "single_block"),

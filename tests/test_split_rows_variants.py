@@ -44,22 +44,23 @@ def test_only_times_the_named_variants_and_layer_norm_offers_its_split_variants(
 ) -> None:
     """``--only`` keeps the named variants and drops the rest; layer_norm's split variants, split_recompute_zero's
     float32 deviations formed again among them, match the reference interpreted (in bfloat16 too: split_looped runs
-    only for 2-byte inputs)."""
+    only for 2-byte inputs, and split_pipelined's copies of x, the weight and the bias fit only at 2 bytes)."""
     out = tmp_path / "variants.json"
-    only = ["--only", "split_rows", "--only", "split_recompute_zero", "--only", "split_looped"]
+    named = ("split_rows", "split_recompute_zero", "split_looped", "split_pipelined")
+    only = [arg for name in named for arg in ("--only", name)]
     args = ["--interpret", "--op", "layer_norm", "--rows", "2", "--lengths", "40000", *only, "--out", str(out)]
     assert variants_script.main(args) == 0
     cases = json.loads(out.read_text())["cases"]
     assert [(c["op"], c["dtype"]) for c in cases] == [("layer_norm", "float32"), ("layer_norm", "bfloat16")]
     float32, bfloat16 = ({r["variant"] for r in c["results"]} for c in cases)
     assert float32 == {"split_rows", "split_recompute_zero"}
-    assert bfloat16 == {"split_rows", "split_recompute_zero", "split_looped"}
+    assert bfloat16 == {"split_rows", "split_recompute_zero", "split_looped", "split_pipelined"}
     for case in cases:
         for r in case["results"]:
             assert r["matches_reference"] is True and "time_us" not in r, r
 
 
-@pytest.mark.parametrize("op_name", ["softmax", "rms_norm"])
+@pytest.mark.parametrize("op_name", ["softmax", "rms_norm", "layer_norm"])
 def test_the_pipelined_forwards_copy_their_blocks_ahead_for_sm90(
     variants_script: ModuleType, triton_cache: Path, op_name: str
 ) -> None:
@@ -73,7 +74,13 @@ def test_the_pipelined_forwards_copy_their_blocks_ahead_for_sm90(
 
     impl = next(i for i in variants_script.variants(op_name) if i.name == "split_pipelined")
     x = torch.randn(4, 40000).bfloat16()
-    values = (x, -1) if op_name == "softmax" else (x, torch.rand(40000).bfloat16() + 0.5, 1e-6)
+    w = torch.rand(40000).bfloat16() + 0.5
+    if op_name == "softmax":
+        values: tuple[object, ...] = (x, -1)
+    elif op_name == "rms_norm":
+        values = (x, w, 1e-6)
+    else:
+        values = (x, (40000,), w, torch.randn(40000).bfloat16(), 1e-5)
     call_state.collect = []
     try:
         config = {"BLOCK_N": 8192, "num_warps": 16, "PER_SM": 2, "PREFETCH": 1}

@@ -387,7 +387,6 @@ def _softmax_pipelined_kernel(
     into shared memory (``cp.async``) while the program works on a row, and the exchange in inline assembly
     (:mod:`kernelgate.ops.split_rows`' ``*_in_asm``, NVIDIA GPUs)."""
     part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
-    inside = tl.arange(0, SPLIT_BLOCK) < n_split
     for row in tl.range(group, n_rows, groups, num_stages=1 + 2 * PREFETCH):
         x_in = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "")
         x = x_in.to(tl.float32)
@@ -402,8 +401,8 @@ def _softmax_pipelined_kernel(
             tl.store(partial_row + SPLIT_BLOCK + part, tl.sum(e, axis=0))
         if PHASE == 0:
             wait_until_arrived_in_asm(arrived_ptr, row, n_split, arrive_at_row_in_asm(arrived_ptr, row))
-            m_parts = tl.where(inside, load_row_partials_in_asm(partial_row, 0, n_split, SPLIT_BLOCK), -float("inf"))
-            s_parts = load_row_partials_in_asm(partial_row, 1, n_split, SPLIT_BLOCK)
+            m_parts = load_row_partials_in_asm(partial_row, 0, n_split, -float("inf"), SPLIT_BLOCK)
+            s_parts = load_row_partials_in_asm(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
             leave_row(arrived_ptr, row, part, n_split)
         elif PHASE == 2:  # the interpreter's second launch, after every program stored its partials
             m_parts = load_row_partials(partial_row, 0, n_split, -float("inf"), SPLIT_BLOCK)
@@ -430,7 +429,7 @@ def _rms_norm_pipelined_kernel(
             tl.store(partial_row + part, tl.sum(x * x, axis=0))
         if PHASE == 0:
             wait_until_arrived_in_asm(arrived_ptr, row, n_split, arrive_at_row_in_asm(arrived_ptr, row))
-            total = tl.sum(load_row_partials_in_asm(partial_row, 0, n_split, SPLIT_BLOCK), axis=0)
+            total = tl.sum(load_row_partials_in_asm(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
             leave_row(arrived_ptr, row, part, n_split)
         elif PHASE == 2:
             total = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
@@ -463,8 +462,8 @@ def _layer_norm_pipelined_kernel(
             tl.store(partial_row + SPLIT_BLOCK + part, m2_part)
         if PHASE == 0:
             wait_until_arrived_in_asm(arrived_ptr, row, n_split, arrive_at_row_in_asm(arrived_ptr, row))
-            means = load_row_partials_in_asm(partial_row, 0, n_split, SPLIT_BLOCK)
-            m2s = load_row_partials_in_asm(partial_row, 1, n_split, SPLIT_BLOCK)
+            means = load_row_partials_in_asm(partial_row, 0, n_split, 0.0, SPLIT_BLOCK)
+            m2s = load_row_partials_in_asm(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
             leave_row(arrived_ptr, row, part, n_split)
         elif PHASE == 2:
             means = load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK)

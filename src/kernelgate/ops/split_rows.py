@@ -296,8 +296,8 @@ def wait_until_arrived_in_asm(arrived_ptr, row, n_split, seen):
 
 
 @triton.jit
-def load_row_partials_in_asm(partial_row, slot, n_split, SPLIT_BLOCK: tl.constexpr):
-    """:func:`load_row_partials` (``other`` 0) in inline assembly, after :func:`wait_until_arrived_in_asm`: as a
+def load_row_partials_in_asm(partial_row, slot, n_split, other, SPLIT_BLOCK: tl.constexpr):
+    """:func:`load_row_partials` in inline assembly, after :func:`wait_until_arrived_in_asm`: as a
     ``tl.load`` in a pipelined loop it became a copy issued an iteration early, before the row's programs had stored
     their partials (an H100 returned NaN)."""
     parts = tl.arange(0, SPLIT_BLOCK)
@@ -306,4 +306,4 @@ def load_row_partials_in_asm(partial_row, slot, n_split, SPLIT_BLOCK: tl.constex
     bits = tl.inline_asm_elementwise(
         "ld.global.cg.b32 $0, [$1];", "=r,l", [addresses], dtype=tl.int32, is_pure=False, pack=1
     )
-    return tl.where(inside, bits.to(tl.float32, bitcast=True), 0.0)
+    return tl.where(inside, bits.to(tl.float32, bitcast=True), other)

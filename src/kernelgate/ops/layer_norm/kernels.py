@@ -711,10 +711,10 @@ def _layer_norm_bwd_split_rows_pipelined_kernel(
         )
         if PHASE == 0:
             wait_until_arrived_in_asm(arrived_ptr, row, n_split, arrive_at_row_in_asm(arrived_ptr, row))
-            means = load_row_partials_in_asm(partial_row, 0, n_split, SPLIT_BLOCK)
-            m2s = load_row_partials_in_asm(partial_row, 1, n_split, SPLIT_BLOCK)
-            g_sums = load_row_partials_in_asm(partial_row, 2, n_split, SPLIT_BLOCK)
-            g_devs = load_row_partials_in_asm(partial_row, 3, n_split, SPLIT_BLOCK)
+            means = load_row_partials_in_asm(partial_row, 0, n_split, 0.0, SPLIT_BLOCK)
+            m2s = load_row_partials_in_asm(partial_row, 1, n_split, 0.0, SPLIT_BLOCK)
+            g_sums = load_row_partials_in_asm(partial_row, 2, n_split, 0.0, SPLIT_BLOCK)
+            g_devs = load_row_partials_in_asm(partial_row, 3, n_split, 0.0, SPLIT_BLOCK)
             leave_row(arrived_ptr, row, part, n_split)
         elif PHASE == 2:  # the interpreter's second launch, after every program stored its partials
             means = load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK)

@@ -529,8 +529,8 @@ def _rms_norm_bwd_split_rows_pipelined_kernel(
         )
         if PHASE == 0:
             wait_until_arrived_in_asm(arrived_ptr, row, n_split, arrive_at_row_in_asm(arrived_ptr, row))
-            sum_xx = tl.sum(load_row_partials_in_asm(partial_row, 0, n_split, SPLIT_BLOCK), axis=0)
-            sum_gx = tl.sum(load_row_partials_in_asm(partial_row, 1, n_split, SPLIT_BLOCK), axis=0)
+            sum_xx = tl.sum(load_row_partials_in_asm(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
+            sum_gx = tl.sum(load_row_partials_in_asm(partial_row, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)
             leave_row(arrived_ptr, row, part, n_split)
         elif PHASE == 2:  # the interpreter's second launch, after every program stored its partials
             sum_xx = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)

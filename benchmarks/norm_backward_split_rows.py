@@ -9,14 +9,15 @@ median, compiled ahead in worker processes). Bytes a call: x and dy read, dx wri
 too), the weight read once (layer_norm's bias not counted); fractions are of a device-to-device copy measured in
 the same run. Writes JSON with provenance.
 
-Beside the package's two, rms_norm's and add_rms_norm's backwards run a variant, ``split_rows_lagged``: the
-package's split_rows kernel with each row's wait put off by one row. A program stores its partials of row i and
-arrives, then waits for row i - 1 (whose programs all arrived an iteration ago) and writes its dx, so the
-exchange's latency is spent on that work instead of idle; it holds two rows (three with PREFETCH). In bfloat16 the
-package's kernel stays far from the read-once bound (``results/h100/norm-backward-split-rows-80f70db``), and the
-exchange, paid once a row, is the suspect this variant tests. Measured on an H100
-(``results/h100/norm-backward-split-rows-lagged-8d8bed0``), it is not: 0.95 to 1.06 times the package kernel's
-time. Its ``PREFETCH=1`` configurations fail the check there (the interpreter passes them); cause not found.
+Beside the package's three, rms_norm's and add_rms_norm's backwards run a variant, ``split_rows_tagged``: the
+package's split_rows_pipelined kernel with a row's two sums exchanged through slots that carry the launch's tag
+beside each value (one 64-bit store a value, read until every tag of the row is current) instead of partials and
+an arrival count. The count costs a release a row, which waits until the program's earlier stores (the previous
+row's dx) are acknowledged, then an atomic's round trip, then an atomic to leave; in bfloat16 the split_rows
+backwards take 1.3 times the single-block kernel's time at rows of 16384 on an H100 (215 against 161 us,
+``results/h100/default-1d9eadd``), and the exchange, paid every row, is what the variant cuts. (A variant that put
+each row's wait off by a row, ``split_rows_lagged``, was 0.95 to 1.06 times the package kernel's time:
+``results/h100/norm-backward-split-rows-lagged-8d8bed0``.)
 
 The package's ``split_rows_pipelined`` runs beside them, its split_rows backward with the row loop pipelined by
 Triton (2-byte rows, NVIDIA GPUs): it began here as the rms norms' variant ``split_rows_staged``, which was wrong
@@ -44,18 +45,11 @@ from variant_timing import argument_parser, check_and_time, package_impl, run_ca
 
 import kernelgate
 from kernelgate import rowwise
-from kernelgate.launch import LazyKernel
+from kernelgate.launch import LazyKernel, launch
 from kernelgate.op import Op, TritonImpl
-from kernelgate.ops.rms_norm.kernels import rms_norm_store_partials, rms_norm_write_dx
-from kernelgate.ops.split_rows import (
-    arrive_at_row,
-    leave_row,
-    load_block_pair,
-    load_row_partials,
-    row_group_block,
-    wait_until_arrived,
-)
-from kernelgate.ops.tiles import store_tile
+from kernelgate.ops.rms_norm.kernels import rms_norm_write_dx
+from kernelgate.ops.split_rows import load_block_pair, row_group_block
+from kernelgate.ops.tiles import load_tile, store_tile
 
 rms_norm_module = importlib.import_module("kernelgate.ops.rms_norm")
 layer_norm_module = importlib.import_module("kernelgate.ops.layer_norm")
@@ -65,80 +59,163 @@ IMPLEMENTATIONS = ("split", "split_rows", "split_rows_pipelined")
 
 
 @triton.jit
-def _rms_norm_bwd_lagged_kernel(
-    dy_ptr, ds_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, partial_ptr, arrived_ptr, stride_dym, stride_dsm, stride_xm,
-    stride_dxm, n_cols, n_split, n_rows, eps, HAS_DS: tl.constexpr, HAS_WEIGHT: tl.constexpr, PHASE: tl.constexpr,
+def _publish_tagged(slot, value, tag):
+    """Thread 0 of the program stores ``value`` (a float32 scalar) at ``slot`` (an int64 slot) with ``tag`` in its
+    high half, as one relaxed 64-bit store at device scope: value and tag become visible together, so nothing has to
+    order the store after the program's earlier ones (no release, no count)."""
+    packed = (tag.to(tl.int64) << 32) | _slot_bits(value)
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred %p; .reg .b32 %t; mov.u32 %t, %tid.x; setp.eq.u32 %p, %t, 0; "
+        "@%p st.relaxed.gpu.global.b64 [$1], $2; mov.b32 $0, 0; }",
+        "=r,l,l",
+        [slot, packed],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _read_tagged(slot_row, slot, n_split, tag, SPLIT_BLOCK: tl.constexpr):
+    """Partial value ``slot`` of each of a row's ``n_split`` programs (0 past them): each thread loads its slots
+    (relaxed, device scope) until their high halves hold ``tag``, so a value is read in the load that shows it
+    current. Nothing is reset afterwards, so no thread waits on another's reading."""
+    parts = tl.arange(0, SPLIT_BLOCK)
+    inside = parts < n_split
+    addresses = slot_row + slot * SPLIT_BLOCK + tl.where(inside, parts, 0)
+    packed = tl.inline_asm_elementwise(
+        "{ .reg .pred %p; .reg .b32 %lo, %hi; poll${:uid}: ld.relaxed.gpu.global.b64 $0, [$1]; "
+        "mov.b64 {%lo, %hi}, $0; setp.ne.u32 %p, %hi, $2; @%p bra poll${:uid}; }",
+        "=l,l,r",
+        [addresses, tag],
+        dtype=tl.int64,
+        is_pure=False,
+        pack=1,
+    )
+    return tl.where(inside, _tagged_value(packed), 0.0)
+
+
+@triton.jit
+def _slot_bits(value):
+    """A float32 scalar's bits in the low half of an int64, the high half zero."""
+    return value.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+
+
+@triton.jit
+def _tagged_value(packed):
+    """The float32 in the low half of a tagged slot."""
+    return (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _read_plainly(slot_row, slot, n_split, SPLIT_BLOCK: tl.constexpr):
+    """:func:`_read_tagged` without the wait, for the interpreter's second launch (every slot stored before it)."""
+    parts = tl.arange(0, SPLIT_BLOCK)
+    inside = parts < n_split
+    return tl.where(inside, _tagged_value(tl.load(slot_row + slot * SPLIT_BLOCK + parts, mask=inside, other=0)), 0.0)
+
+
+@triton.jit
+def _rms_norm_bwd_tagged_kernel(
+    dy_ptr, ds_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, slot_ptr, tag, stride_dym, stride_dsm, stride_xm, stride_dxm,
+    n_cols, n_split, n_rows, eps, HAS_DS: tl.constexpr, HAS_WEIGHT: tl.constexpr, PHASE: tl.constexpr,
     SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
 ):  # fmt: skip
-    """The package's ``_rms_norm_bwd_split_rows_kernel`` (same arguments, grid and results) with each row's wait
-    put off by one row: iteration i stores row i's partials and arrives, then (PREFETCH: after issuing row i + 1's
-    loads) waits for row i - 1 and writes its dx; a last iteration finishes the group's last row. A program waits
-    only for a row whose programs all arrived before they could wait on anything later, so none waits for ever."""
+    """The package's ``_rms_norm_bwd_split_rows_pipelined_kernel`` (same grid and results) with the row's sums
+    exchanged through tagged slots instead of partials and a count: each program stores its two sums with this
+    launch's ``tag`` beside them (slot_ptr: (n_rows, 2 * SPLIT_BLOCK) int64, slot ``j * SPLIT_BLOCK + part``) and
+    reads the row's until every tag is current. The count's exchange costs a release (the program's earlier stores,
+    the previous row's dx among them, acknowledged first), an atomic's round trip and an atomic to leave; this costs
+    a store and the reads. Under the interpreter (PHASE 1, then 2) the slots are stored and read plainly."""
     part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
-    rows_here = tl.cdiv(n_rows - group, groups)
     dw = tl.zeros([BLOCK_N], tl.float32)
-    x_next, dy_next = load_block_pair(x_ptr, dy_ptr, group, stride_xm, stride_dym, cols, mask, EVEN_N)
-    x_prev, dy_prev = x_next, dy_next
-    seen_prev = 0
-    for i in range(0, rows_here + 1):
-        row = group + i * groups
-        x_in, dy_in = x_prev, dy_prev
-        seen = 0
-        if i < rows_here:
-            if PREFETCH:
-                x_in, dy_in = x_next, dy_next
-            else:
-                x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
-            partial_row = partial_ptr + row * (2 * SPLIT_BLOCK)
-            rms_norm_store_partials(
-                x_in, dy_in, w_ptr, partial_row, part, cols, mask, SPLIT_BLOCK, HAS_WEIGHT, PHASE, EVEN_N
-            )
-            if PHASE == 0:
-                seen = arrive_at_row(arrived_ptr, row)
-            if PREFETCH:
-                following = tl.minimum(row + groups, n_rows - 1)
-                x_next, dy_next = load_block_pair(x_ptr, dy_ptr, following, stride_xm, stride_dym, cols, mask, EVEN_N)
-        if i > 0:
-            previous = row - groups
-            if PHASE == 0:
-                wait_until_arrived(arrived_ptr, previous, n_split, seen_prev)
-            if PHASE != 1:
-                partial_prev = partial_ptr + previous * (2 * SPLIT_BLOCK)
-                sum_xx = tl.sum(load_row_partials(partial_prev, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
-                sum_gx = tl.sum(load_row_partials(partial_prev, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)
-                if PHASE == 0:
-                    leave_row(arrived_ptr, previous, part, n_split)
-                dw = rms_norm_write_dx(
-                    x_prev, dy_prev, sum_xx, sum_gx, w_ptr, ds_ptr, dx_ptr, dw, previous, stride_dsm, stride_dxm,
-                    cols, mask, n_cols, eps, HAS_DS, HAS_WEIGHT, EVEN_N,
-                )  # fmt: skip
-        x_prev, dy_prev, seen_prev = x_in, dy_in, seen
+    for row in tl.range(group, n_rows, groups, num_stages=1 + 2 * PREFETCH):
+        x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
+        slot_row = slot_ptr + row * (2 * SPLIT_BLOCK)
+        x = x_in.to(tl.float32)
+        g = dy_in.to(tl.float32)
+        if HAS_WEIGHT:
+            g = g * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        if PHASE == 0:
+            _publish_tagged(slot_row + part, tl.sum(x * x, axis=0), tag)
+            _publish_tagged(slot_row + SPLIT_BLOCK + part, tl.sum(g * x, axis=0), tag)
+            sum_xx = tl.sum(_read_tagged(slot_row, 0, n_split, tag, SPLIT_BLOCK), axis=0)
+            sum_gx = tl.sum(_read_tagged(slot_row, 1, n_split, tag, SPLIT_BLOCK), axis=0)
+        elif PHASE == 1:  # the interpreter's first launch: the slots only
+            tl.store(slot_row + part, _slot_bits(tl.sum(x * x, axis=0)))
+            tl.store(slot_row + SPLIT_BLOCK + part, _slot_bits(tl.sum(g * x, axis=0)))
+        else:
+            sum_xx = tl.sum(_read_plainly(slot_row, 0, n_split, SPLIT_BLOCK), axis=0)
+            sum_gx = tl.sum(_read_plainly(slot_row, 1, n_split, SPLIT_BLOCK), axis=0)
+        if PHASE != 1:
+            dw = rms_norm_write_dx(
+                x_in, dy_in, sum_xx, sum_gx, w_ptr, ds_ptr, dx_ptr, dw, row, stride_dsm, stride_dxm, cols, mask,
+                n_cols, eps, HAS_DS, HAS_WEIGHT, EVEN_N,
+            )  # fmt: skip
     if HAS_WEIGHT and PHASE != 1:
         store_tile(dw_ptr + group * n_cols + cols, dw, mask, EVEN_N, "")
 
 
 # By the module's importable name (not "__main__" when it runs as a script): the compile workers import it by name.
-LAGGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_lagged_kernel")
+TAGGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_tagged_kernel")
+# Slots of the tagged kernel, kept per device and size, and the tag of its next launch: a launch's tag differs from
+# every earlier one's, so the slots need no clearing between launches (a new buffer starts at 0, below every tag).
+# Tags are odd and from 3: Triton compiles an integer argument of 1, or one divisible by 16, into a kernel of its
+# own, and a tag must not pick another kernel from one launch to the next.
+_TAGGED_SLOTS: dict[tuple[Any, ...], torch.Tensor] = {}
+_NEXT_TAG = [3]
 
 
-def split_rows_variant(op: Op, name: str) -> TritonImpl:
-    """``op``'s split_rows implementation (rms_norm's or add_rms_norm's backward) with the kernel of variant ``name``
-    (a key of ``VARIANT_KERNELS``) in place of the package's, at the same configurations."""
-    split_rows = package_impl(op, "split_rows")
-    kernel = VARIANT_KERNELS[name]
-    run = functools.partial(rms_norm_module.run_backward_split_rows, kernel=kernel)
+def run_backward_tagged(
+    grad: torch.Tensor,
+    grad_s: torch.Tensor | None,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    config: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The package's ``run_backward_split_rows`` with the tagged kernel, its slots and tag in place of the partials
+    and counts."""
+    x_rows, g_rows, ds_rows, w = rms_norm_module._backward_operands(grad, grad_s, x, weight)
+    n_rows, n_cols, block = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"]
+    groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
+    n_split = rowwise.split_rows_count(x.device, n_cols, block)
+    split_block = triton.next_power_of_2(n_split)
+    key = (x.device, n_rows, split_block)
+    if key not in _TAGGED_SLOTS:
+        _TAGGED_SLOTS[key] = torch.zeros((n_rows, 2 * split_block), dtype=torch.int64, device=x.device)
+    slots = _TAGGED_SLOTS[key]
+    tag = _NEXT_TAG[0]
+    _NEXT_TAG[0] += 2
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    partial = torch.empty((groups, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
+    for phase in rowwise.split_rows_phases():
+        launch(
+            TAGGED, (groups * n_split,), g_rows.tensor, ds_rows.tensor, x_rows.tensor,
+            x_rows.tensor if w is None else w, dx, partial, slots, tag, g_rows.stride, ds_rows.stride, x_rows.stride,
+            n_cols, n_cols, n_split, n_rows, eps, HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None, PHASE=phase,
+            SPLIT_BLOCK=split_block, BLOCK_N=block, PREFETCH=bool(config["PREFETCH"]), EVEN_N=n_cols % block == 0,
+            num_warps=config["num_warps"],
+        )  # fmt: skip
+    if w is None:
+        return dx, x.new_empty(0)
+    return dx, rowwise.sum_partials(partial[None], [w])[0]
 
-    def launch(*args: Any, config: Any) -> Any:
+
+def tagged_variant(op: Op) -> TritonImpl:
+    """``op``'s split_rows_pipelined implementation (rms_norm's or add_rms_norm's backward) with the tagged kernel in
+    place of the package's, at the same configurations."""
+    pipelined = package_impl(op, "split_rows_pipelined")
+
+    def launch_tagged(*args: Any, config: Any) -> Any:
         if op.name == "add_rms_norm_backward":  # (grad, grad_s, s, weight, eps)
-            return run(*args, config)
+            return run_backward_tagged(*args, config)
         grad, x, weight, eps = args
-        return run(grad, None, x, weight, eps, config)
+        return run_backward_tagged(grad, None, x, weight, eps, config)
 
-    return dataclasses.replace(split_rows, name=name, launcher=launch, kernels=(kernel, rowwise.PARTIAL_SUMS))
-
-
-# The rms norms' variants of the package's split_rows backward kernel, by the name their rows take.
-VARIANT_KERNELS = {"split_rows_lagged": LAGGED}
+    return dataclasses.replace(
+        pipelined, name="split_rows_tagged", launcher=launch_tagged, kernels=(TAGGED, rowwise.PARTIAL_SUMS)
+    )
 
 
 def measure_case(
@@ -152,7 +229,7 @@ def measure_case(
     nbytes = ((tensors_read + 1) * rows * n + n) * dtype.itemsize
     impls = [impl for impl in op.implementations if impl.name in IMPLEMENTATIONS]
     if op.name != "layer_norm_backward":
-        impls += [split_rows_variant(op, name) for name in VARIANT_KERNELS]
+        impls.append(tagged_variant(op))
     return check_and_time(op, impls, values, op.reduction_length(*values), nbytes, interpret, record_errors=True)
 
 

@@ -15,7 +15,7 @@ def test_every_configuration_is_checked_interpreted(
 ) -> None:
     """Interpreted, at 3 rows of 9000 in bfloat16 (past SPLIT_MIN_COLS, a ragged last block), every configuration of
     split, split_rows and split_rows_pipelined of each norm backward and of the
-    rms norms' lagged variant runs and matches the reference; the JSON has provenance and no timing."""
+    rms norms' tagged variant runs and matches the reference; the JSON has provenance and no timing."""
     pytest.importorskip("triton")
     script = benchmark_script("norm_backward_split_rows")
     out = tmp_path / "split-rows.json"
@@ -29,15 +29,15 @@ def test_every_configuration_is_checked_interpreted(
     for case in result["cases"]:
         assert case["shape"] == [3, 9000]
         variants = {r["variant"] for r in case["results"]}
-        lagged = set() if case["op"] == "layer_norm_backward" else {"split_rows_lagged"}
-        assert variants == {"split", "split_rows", "split_rows_pipelined"} | lagged
+        tagged = set() if case["op"] == "layer_norm_backward" else {"split_rows_tagged"}
+        assert variants == {"split", "split_rows", "split_rows_pipelined"} | tagged
         assert all(r["matches_reference"] and "time_us" not in r for r in case["results"]), case["op"]
 
 
 VARIANTS = [
     (op_name, variant)
     for op_name in ("rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward")
-    for variant in ("split_rows_lagged", "split_rows_pipelined")
+    for variant in ("split_rows_tagged", "split_rows_pipelined")
     if variant == "split_rows_pipelined" or op_name != "layer_norm_backward"
 ]
 
@@ -47,9 +47,9 @@ VARIANTS = [
 def test_the_variants_match_the_reference_over_several_groups(
     benchmark_script: Callable[[str], ModuleType], op_name: str, prefetch: int, variant: str
 ) -> None:
-    """The rms norms' lagged variant (each row's wait put off by a row, its last row finished after the loop) and the
-    package's pipelined split_rows of each norm (the row loop in tl.range stages) give the reference's gradients,
-    interpreted, where 7 rows of 3000 fall into 2 groups of 3 programs (4 and 3 rows), with and without PREFETCH."""
+    """The rms norms' tagged variant (the row's sums exchanged through slots tagged by the launch) and the package's
+    pipelined split_rows of each norm (the row loop in tl.range stages) give the reference's gradients, interpreted,
+    where 7 rows of 3000 fall into 2 groups of 3 programs (4 and 3 rows), with and without PREFETCH."""
     pytest.importorskip("triton")
     import torch
 
@@ -63,17 +63,19 @@ def test_the_variants_match_the_reference_over_several_groups(
     values = tuple(op.make_inputs((7, 3000), torch.bfloat16, torch.device("cpu")))
     config = {"BLOCK_N": 1024, "num_warps": 4, "PER_SM": 4, "PREFETCH": prefetch}
     assert split_rows_groups(torch.device("cpu"), 7, 3000, 1024, 4) == 2
-    impl = next((i for i in op.implementations if i.name == variant), None) or script.split_rows_variant(op, variant)
+    impl = next((i for i in op.implementations if i.name == variant), None) or script.tagged_variant(op)
     got = run_candidate(impl, config, values, True, poison=True)
     expected = op.reference(*values)
     assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None
 
 
-def test_the_lagged_variant_compiles_for_sm90(
+def test_the_tagged_variant_compiles_for_sm90_without_atomics(
     benchmark_script: Callable[[str], ModuleType], triton_cache: Path
 ) -> None:
-    """The lagged kernel goes through Triton's compiler for sm_90 (a compile-only driver where there is no GPU), with
-    and without PREFETCH, at bfloat16 rows of 16448 (a ragged last block)."""
+    """The tagged kernel goes through Triton's compiler for sm_90 (a compile-only driver where there is no GPU) at
+    bfloat16 rows of 16448 (a ragged last block), with PREFETCH (three stages): its loop copies the blocks ahead, and
+    the exchange is two relaxed 64-bit stores and two polling loads, with no atomic and no count. Two launches, so two
+    tags, make one kernel (a tag never selects another specialisation)."""
     import torch
 
     import kernelgate
@@ -84,14 +86,16 @@ def test_the_lagged_variant_compiles_for_sm90(
     op = kernelgate.rms_norm_backward
     assert op.make_inputs is not None
     values = tuple(op.make_inputs((2, 16448), torch.bfloat16, torch.device("cpu")))
-    for prefetch in (0, 1):
+    config = {"BLOCK_N": 4096, "num_warps": 8, "PER_SM": 2, "PREFETCH": 1}
+    for _ in range(2):
         call_state.collect = []
         try:
-            config = {"BLOCK_N": 4096, "num_warps": 8, "PER_SM": 2, "PREFETCH": prefetch}
-            run_candidate(
-                script.split_rows_variant(op, "split_rows_lagged"), config, values, interpret=False, poison=False
-            )
+            run_candidate(script.tagged_variant(op), config, values, interpret=False, poison=False)
         finally:
             call_state.collect = None
-    lagged = [p for p in triton_cache.rglob("*.cubin") if "lagged" in p.name]
-    assert len(lagged) == 2, lagged  # one each with and without PREFETCH
+    ptx = [p for p in triton_cache.rglob("*.ptx") if "tagged" in p.name]
+    assert len(ptx) == 1, ptx
+    text = ptx[0].read_text()
+    assert "cp.async" in text
+    assert text.count("st.relaxed.gpu.global.b64") == 2 and text.count("ld.relaxed.gpu.global.b64") == 2
+    assert "atom." not in text

@@ -41,7 +41,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from variant_timing import argument_parser, check_and_time, package_impl, run_cases  # beside this script
+from tagged_exchange import publish_tagged, read_plainly, read_tagged, slot_bits, tagged_slots  # beside this script
+from variant_timing import argument_parser, check_and_time, package_impl, run_cases
 
 import kernelgate
 from kernelgate import rowwise
@@ -56,63 +57,6 @@ layer_norm_module = importlib.import_module("kernelgate.ops.layer_norm")
 
 DEFAULT_LENGTHS = (16384, 32768, 65536, 131072)
 IMPLEMENTATIONS = ("split", "split_rows", "split_rows_pipelined")
-
-
-@triton.jit
-def _publish_tagged(slot, value, tag):
-    """Thread 0 of the program stores ``value`` (a float32 scalar) at ``slot`` (an int64 slot) with ``tag`` in its
-    high half, as one relaxed 64-bit store at device scope: value and tag become visible together, so nothing has to
-    order the store after the program's earlier ones (no release, no count)."""
-    packed = (tag.to(tl.int64) << 32) | _slot_bits(value)
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred %p; .reg .b32 %t; mov.u32 %t, %tid.x; setp.eq.u32 %p, %t, 0; "
-        "@%p st.relaxed.gpu.global.b64 [$1], $2; mov.b32 $0, 0; }",
-        "=r,l,l",
-        [slot, packed],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
-def _read_tagged(slot_row, slot, n_split, tag, SPLIT_BLOCK: tl.constexpr):
-    """Partial value ``slot`` of each of a row's ``n_split`` programs (0 past them): each thread loads its slots
-    (relaxed, device scope) until their high halves hold ``tag``, so a value is read in the load that shows it
-    current. Nothing is reset afterwards, so no thread waits on another's reading."""
-    parts = tl.arange(0, SPLIT_BLOCK)
-    inside = parts < n_split
-    addresses = slot_row + slot * SPLIT_BLOCK + tl.where(inside, parts, 0)
-    packed = tl.inline_asm_elementwise(
-        "{ .reg .pred %p; .reg .b32 %lo, %hi; poll${:uid}: ld.relaxed.gpu.global.b64 $0, [$1]; "
-        "mov.b64 {%lo, %hi}, $0; setp.ne.u32 %p, %hi, $2; @%p bra poll${:uid}; }",
-        "=l,l,r",
-        [addresses, tag],
-        dtype=tl.int64,
-        is_pure=False,
-        pack=1,
-    )
-    return tl.where(inside, _tagged_value(packed), 0.0)
-
-
-@triton.jit
-def _slot_bits(value):
-    """A float32 scalar's bits in the low half of an int64, the high half zero."""
-    return value.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-
-
-@triton.jit
-def _tagged_value(packed):
-    """The float32 in the low half of a tagged slot."""
-    return (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _read_plainly(slot_row, slot, n_split, SPLIT_BLOCK: tl.constexpr):
-    """:func:`_read_tagged` without the wait, for the interpreter's second launch (every slot stored before it)."""
-    parts = tl.arange(0, SPLIT_BLOCK)
-    inside = parts < n_split
-    return tl.where(inside, _tagged_value(tl.load(slot_row + slot * SPLIT_BLOCK + parts, mask=inside, other=0)), 0.0)
 
 
 @triton.jit
@@ -137,16 +81,16 @@ def _rms_norm_bwd_tagged_kernel(
         if HAS_WEIGHT:
             g = g * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         if PHASE == 0:
-            _publish_tagged(slot_row + part, tl.sum(x * x, axis=0), tag)
-            _publish_tagged(slot_row + SPLIT_BLOCK + part, tl.sum(g * x, axis=0), tag)
-            sum_xx = tl.sum(_read_tagged(slot_row, 0, n_split, tag, SPLIT_BLOCK), axis=0)
-            sum_gx = tl.sum(_read_tagged(slot_row, 1, n_split, tag, SPLIT_BLOCK), axis=0)
+            publish_tagged(slot_row + part, tl.sum(x * x, axis=0), tag)
+            publish_tagged(slot_row + SPLIT_BLOCK + part, tl.sum(g * x, axis=0), tag)
+            sum_xx = tl.sum(read_tagged(slot_row, 0, n_split, tag, SPLIT_BLOCK), axis=0)
+            sum_gx = tl.sum(read_tagged(slot_row, 1, n_split, tag, SPLIT_BLOCK), axis=0)
         elif PHASE == 1:  # the interpreter's first launch: the slots only
-            tl.store(slot_row + part, _slot_bits(tl.sum(x * x, axis=0)))
-            tl.store(slot_row + SPLIT_BLOCK + part, _slot_bits(tl.sum(g * x, axis=0)))
+            tl.store(slot_row + part, slot_bits(tl.sum(x * x, axis=0)))
+            tl.store(slot_row + SPLIT_BLOCK + part, slot_bits(tl.sum(g * x, axis=0)))
         else:
-            sum_xx = tl.sum(_read_plainly(slot_row, 0, n_split, SPLIT_BLOCK), axis=0)
-            sum_gx = tl.sum(_read_plainly(slot_row, 1, n_split, SPLIT_BLOCK), axis=0)
+            sum_xx = tl.sum(read_plainly(slot_row, 0, n_split, SPLIT_BLOCK), axis=0)
+            sum_gx = tl.sum(read_plainly(slot_row, 1, n_split, SPLIT_BLOCK), axis=0)
         if PHASE != 1:
             dw = rms_norm_write_dx(
                 x_in, dy_in, sum_xx, sum_gx, w_ptr, ds_ptr, dx_ptr, dw, row, stride_dsm, stride_dxm, cols, mask,
@@ -158,12 +102,6 @@ def _rms_norm_bwd_tagged_kernel(
 
 # By the module's importable name (not "__main__" when it runs as a script): the compile workers import it by name.
 TAGGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_tagged_kernel")
-# Slots of the tagged kernel, kept per device and size, and the tag of its next launch: a launch's tag differs from
-# every earlier one's, so the slots need no clearing between launches (a new buffer starts at 0, below every tag).
-# Tags are odd and from 3: Triton compiles an integer argument of 1, or one divisible by 16, into a kernel of its
-# own, and a tag must not pick another kernel from one launch to the next.
-_TAGGED_SLOTS: dict[tuple[Any, ...], torch.Tensor] = {}
-_NEXT_TAG = [3]
 
 
 def run_backward_tagged(
@@ -181,12 +119,7 @@ def run_backward_tagged(
     groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
     n_split = rowwise.split_rows_count(x.device, n_cols, block)
     split_block = triton.next_power_of_2(n_split)
-    key = (x.device, n_rows, split_block)
-    if key not in _TAGGED_SLOTS:
-        _TAGGED_SLOTS[key] = torch.zeros((n_rows, 2 * split_block), dtype=torch.int64, device=x.device)
-    slots = _TAGGED_SLOTS[key]
-    tag = _NEXT_TAG[0]
-    _NEXT_TAG[0] += 2
+    slots, tag = tagged_slots(x.device, n_rows, 2 * split_block)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     partial = torch.empty((groups, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
     for phase in rowwise.split_rows_phases():

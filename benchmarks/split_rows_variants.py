@@ -31,6 +31,10 @@ a clock each), against 63 us for the copy. The variants:
   ``rowwise.PIPELINED_SHARED_BYTES``. The register prefetch above holds the next row through the wait; this one
   holds it in shared memory, where it takes no registers from the programs a multiprocessor fits. Not yet run on a
   GPU.
+- ``split_tagged`` (rms_norm): the package's split_rows forward with the row's sum exchanged through tagged slots
+  (``tagged_exchange.py`` beside this script: each program's sum stored beside the launch's tag in one relaxed 64-bit
+  store, read until every tag of the row is current) instead of partials and an arrival count, whose release and
+  atomics it leaves out. Not yet run on a GPU.
 
 The results at 3296d94 (``benchmarks/results/h200/split-rows-variants-3296d94/``) made the package's split_rows
 kernels wait as ``split_one_exp_last`` does, and its softmax forward take one exponential an element: from then
@@ -94,12 +98,14 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from variant_timing import argument_parser, check_and_time, package_impl, run_cases  # beside this script
+from tagged_exchange import publish_tagged, read_plainly, read_tagged, slot_bits, tagged_slots  # beside this script
+from variant_timing import argument_parser, check_and_time, package_impl, run_cases
 
 import kernelgate
 from kernelgate import rowwise
 from kernelgate.config import ConfigSpace
 from kernelgate.launch import LazyKernel
+from kernelgate.launch import launch as launch_kernel
 from kernelgate.op import TritonImpl
 from kernelgate.ops.layer_norm.kernels import _add_pair, _block_stats, _merge_block_stats
 from kernelgate.ops.split_rows import (
@@ -216,6 +222,32 @@ def _rms_norm_wait_kernel(
     if PHASE != 1:
         total = tl.sum(load_row_partials(partial_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
         y = x * tl.rsqrt(total / n_cols + eps)
+        if HAS_WEIGHT:
+            y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
+@triton.jit
+def _rms_norm_tagged_kernel(
+    x_ptr, w_ptr, y_ptr, slot_ptr, tag, stride_xm, stride_ym, n_cols, n_split, eps, HAS_WEIGHT: tl.constexpr,
+    PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """The package's ``_rms_norm_fwd_split_kernel`` (same grid and results) with the row's sum exchanged through
+    tagged slots (``tagged_exchange``: slot_ptr (n_rows, SPLIT_BLOCK) int64) instead of partials and a count."""
+    row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
+    x_in = load_tile(x_ptr + row * stride_xm + cols, mask, 0.0, EVEN_N, "")
+    x = x_in.to(tl.float32)
+    slot_row = slot_ptr + row * SPLIT_BLOCK
+    total = tl.zeros([], tl.float32)
+    if PHASE == 0:
+        publish_tagged(slot_row + part, tl.sum(x * x, axis=0), tag)
+        total = tl.sum(read_tagged(slot_row, 0, n_split, tag, SPLIT_BLOCK), axis=0)
+    elif PHASE == 1:  # the interpreter's first launch: the slots only
+        tl.store(slot_row + part, slot_bits(tl.sum(x * x, axis=0)))
+    else:
+        total = tl.sum(read_plainly(slot_row, 0, n_split, SPLIT_BLOCK), axis=0)
+    if PHASE != 1:
+        y = widen_after_wait(x_in) * tl.rsqrt(total / n_cols + eps)
         if HAS_WEIGHT:
             y = y * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
         store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
@@ -489,6 +521,7 @@ RMS_NORM_GROUPED = LazyKernel(_STEM, "_rms_norm_grouped_kernel")
 SOFTMAX_PIPELINED = LazyKernel(_STEM, "_softmax_pipelined_kernel")
 RMS_NORM_PIPELINED = LazyKernel(_STEM, "_rms_norm_pipelined_kernel")
 LAYER_NORM_PIPELINED = LazyKernel(_STEM, "_layer_norm_pipelined_kernel")
+RMS_NORM_TAGGED = LazyKernel(_STEM, "_rms_norm_tagged_kernel")
 # The grouped variants' configurations: blocks of 8192 and 16384 columns at 16 or 32 elements a thread, with or without
 # the next row's block loaded during the wait, and 2 to 5 programs a multiprocessor.
 GROUPED_CONFIGS = ConfigSpace(BLOCK_N=(8192, 16384), num_warps=(8, 16), PER_SM=(2, 3, 4, 5), PREFETCH=(0, 1))
@@ -546,6 +579,28 @@ def _rms_norm_split_variant(name: str, wait: int) -> TritonImpl:
         return y
 
     return dataclasses.replace(package, name=name, launcher=launch, kernels=(RMS_NORM_WAIT,))
+
+
+def _rms_norm_tagged_variant() -> TritonImpl:
+    """``split_tagged``: the package's split_rows forward with the tagged kernel, at the same configurations."""
+    package = package_impl(kernelgate.rms_norm, "split_rows")
+
+    def launch_tagged(x: torch.Tensor, weight: torch.Tensor | None, eps: float = EPS, *, config: Any) -> torch.Tensor:
+        rows, w, y = rms_norm_module._forward_operands(x, weight)
+        block = config["BLOCK_N"]
+        n_split = rowwise.split_rows_count(x.device, rows.n_cols, block)
+        split_block = triton.next_power_of_2(n_split)
+        slots, tag = tagged_slots(x.device, rows.n_rows, split_block)
+        for phase in rowwise.split_rows_phases():
+            launch_kernel(
+                RMS_NORM_TAGGED, (rows.n_rows * n_split,), rows.tensor, w, y, slots, tag, rows.stride, rows.n_cols,
+                rows.n_cols, n_split, eps, HAS_WEIGHT=weight is not None, PHASE=phase, SPLIT_BLOCK=split_block,
+                BLOCK_N=block, EVEN_N=rows.n_cols % block == 0,
+                **rowwise.with_launch_options({"num_warps": config["num_warps"]}, config),
+            )  # fmt: skip
+        return y
+
+    return dataclasses.replace(package, name="split_tagged", launcher=launch_tagged, kernels=(RMS_NORM_TAGGED,))
 
 
 def _layer_norm_split_variant(name: str, stats: int) -> TritonImpl:
@@ -670,6 +725,7 @@ def variants(op_name: str) -> list[TritonImpl]:
         package_impl(kernelgate.rms_norm, "split_rows"),
         _rms_norm_grouped_variant(),
         _rms_norm_grouped_variant("split_pipelined", RMS_NORM_PIPELINED),
+        _rms_norm_tagged_variant(),
         _rms_norm_split_variant("split_last", WAIT_LAST),
         _rms_norm_split_variant("split_volatile", WAIT_VOLATILE),
     ]

@@ -33,7 +33,9 @@ def test_every_variant_matches_the_reference_interpreted(variants_script: Module
         "split_one_exp_volatile", "looped", "single_block", "single_block_reciprocal", "persistent",
         "persistent_reciprocal",
     }  # fmt: skip
-    assert rms_norm == {"split_rows", "split_grouped", "split_pipelined", "split_last", "split_volatile"}
+    assert rms_norm == {
+        "split_rows", "split_grouped", "split_pipelined", "split_tagged", "split_last", "split_volatile"
+    }  # fmt: skip
     for case in result["cases"]:
         for r in case["results"]:
             assert r["matches_reference"] is True and "time_us" not in r, r
@@ -90,3 +92,27 @@ def test_the_pipelined_forwards_copy_their_blocks_ahead_for_sm90(
     ttgir = "".join(p.read_text() for p in triton_cache.rglob("*.ttgir") if "pipelined" in p.name)
     copied = [line for line in ttgir.splitlines() if "ttg.async_copy_global_to_local" in line]
     assert copied and all("!tt.ptr<bf16>" in line for line in copied), copied
+
+
+def test_the_tagged_forward_exchanges_without_atomics_for_sm90(variants_script: ModuleType, triton_cache: Path) -> None:
+    """Compiled for sm_90 (a compile-only driver where there is no GPU), rms_norm's split_tagged forward exchanges
+    the row's sum by a relaxed 64-bit store and a polling load, with no atomic; two launches, so two tags, make one
+    kernel."""
+    import torch
+
+    from kernelgate.launch import call_state
+    from kernelgate.selection import run_candidate
+
+    impl = next(i for i in variants_script.variants("rms_norm") if i.name == "split_tagged")
+    values = (torch.randn(4, 40000).bfloat16(), torch.rand(40000).bfloat16() + 0.5, 1e-6)
+    for _ in range(2):
+        call_state.collect = []
+        try:
+            run_candidate(impl, {"BLOCK_N": 8192, "num_warps": 8, "maxnreg": 0}, values, interpret=False, poison=False)
+        finally:
+            call_state.collect = None
+    ptx = [p for p in triton_cache.rglob("*.ptx") if "tagged" in p.name]
+    assert len(ptx) == 1, ptx
+    text = ptx[0].read_text()
+    assert text.count("st.relaxed.gpu.global.b64") == 1 and text.count("ld.relaxed.gpu.global.b64") == 1
+    assert "atom." not in text

@@ -83,14 +83,14 @@ def _rms_norm_bwd_tagged_kernel(
         if PHASE == 0:
             publish_tagged(slot_row + part, tl.sum(x * x, axis=0), tag)
             publish_tagged(slot_row + SPLIT_BLOCK + part, tl.sum(g * x, axis=0), tag)
-            sum_xx = tl.sum(read_tagged(slot_row, 0, n_split, tag, SPLIT_BLOCK), axis=0)
-            sum_gx = tl.sum(read_tagged(slot_row, 1, n_split, tag, SPLIT_BLOCK), axis=0)
+            sum_xx = tl.sum(read_tagged(slot_row, 0, n_split, tag, 0.0, SPLIT_BLOCK), axis=0)
+            sum_gx = tl.sum(read_tagged(slot_row, 1, n_split, tag, 0.0, SPLIT_BLOCK), axis=0)
         elif PHASE == 1:  # the interpreter's first launch: the slots only
             tl.store(slot_row + part, slot_bits(tl.sum(x * x, axis=0)))
             tl.store(slot_row + SPLIT_BLOCK + part, slot_bits(tl.sum(g * x, axis=0)))
         else:
-            sum_xx = tl.sum(read_plainly(slot_row, 0, n_split, SPLIT_BLOCK), axis=0)
-            sum_gx = tl.sum(read_plainly(slot_row, 1, n_split, SPLIT_BLOCK), axis=0)
+            sum_xx = tl.sum(read_plainly(slot_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
+            sum_gx = tl.sum(read_plainly(slot_row, 1, n_split, 0.0, SPLIT_BLOCK), axis=0)
         if PHASE != 1:
             dw = rms_norm_write_dx(
                 x_in, dy_in, sum_xx, sum_gx, w_ptr, ds_ptr, dx_ptr, dw, row, stride_dsm, stride_dxm, cols, mask,

@@ -31,10 +31,10 @@ a clock each), against 63 us for the copy. The variants:
   ``rowwise.PIPELINED_SHARED_BYTES``. The register prefetch above holds the next row through the wait; this one
   holds it in shared memory, where it takes no registers from the programs a multiprocessor fits. Not yet run on a
   GPU.
-- ``split_tagged`` (rms_norm): the package's split_rows forward with the row's sum exchanged through tagged slots
-  (``tagged_exchange.py`` beside this script: each program's sum stored beside the launch's tag in one relaxed 64-bit
-  store, read until every tag of the row is current) instead of partials and an arrival count, whose release and
-  atomics it leaves out. Not yet run on a GPU.
+- ``split_tagged`` (softmax and rms_norm): the package's split_rows forward with the row's partials exchanged
+  through tagged slots (``tagged_exchange.py`` beside this script: each value stored beside the launch's tag in one
+  relaxed 64-bit store, read until every tag of the row is current) instead of partials and an arrival count, whose
+  release and atomics it leaves out. Not yet run on a GPU.
 
 The results at 3296d94 (``benchmarks/results/h200/split-rows-variants-3296d94/``) made the package's split_rows
 kernels wait as ``split_one_exp_last`` does, and its softmax forward take one exponential an element: from then
@@ -228,6 +228,41 @@ def _rms_norm_wait_kernel(
 
 
 @triton.jit
+def _softmax_tagged_kernel(
+    x_ptr, y_ptr, slot_ptr, tag, stride_xm, stride_ym, n_cols, n_split, PHASE: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """The package's ``_softmax_fwd_split_kernel`` (same grid and results) with the row's maxima and sums exchanged
+    through tagged slots (``tagged_exchange``: slot_ptr (n_rows, 2 * SPLIT_BLOCK) int64) instead of partials and a
+    count. Under the interpreter's second launch the block's max and exponentials are formed again."""
+    row, part, cols, mask = split_row_block(n_split, n_cols, BLOCK_N)
+    x_in = load_tile(x_ptr + row * stride_xm + cols, mask, -float("inf"), EVEN_N, "")
+    x = x_in.to(tl.float32)
+    m_block = tl.max(x, axis=0)
+    if x_in.dtype != tl.float32:
+        e = exp_below_max(x, m_block)
+    else:
+        e = tl.where(x == -float("inf"), 0.0, tl.exp(x - m_block))
+    slot_row = slot_ptr + row * (2 * SPLIT_BLOCK)
+    m = tl.zeros([], tl.float32)
+    s = tl.zeros([], tl.float32)
+    if PHASE == 0:
+        publish_tagged(slot_row + part, m_block, tag)
+        publish_tagged(slot_row + SPLIT_BLOCK + part, tl.sum(e, axis=0), tag)
+        m_parts = read_tagged(slot_row, 0, n_split, tag, -float("inf"), SPLIT_BLOCK)
+        m, s = merge_max_and_sum(m_parts, read_tagged(slot_row, 1, n_split, tag, 0.0, SPLIT_BLOCK))
+    elif PHASE == 1:  # the interpreter's first launch: the slots only
+        tl.store(slot_row + part, slot_bits(m_block))
+        tl.store(slot_row + SPLIT_BLOCK + part, slot_bits(tl.sum(e, axis=0)))
+    else:
+        m_parts = read_plainly(slot_row, 0, n_split, -float("inf"), SPLIT_BLOCK)
+        m, s = merge_max_and_sum(m_parts, read_plainly(slot_row, 1, n_split, 0.0, SPLIT_BLOCK))
+    if PHASE != 1:
+        y = e * (tl.exp(m_block - m) / s)
+        store_tile(y_ptr + row * stride_ym + cols, y.to(y_ptr.dtype.element_ty), mask, EVEN_N, "")
+
+
+@triton.jit
 def _rms_norm_tagged_kernel(
     x_ptr, w_ptr, y_ptr, slot_ptr, tag, stride_xm, stride_ym, n_cols, n_split, eps, HAS_WEIGHT: tl.constexpr,
     PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr = False,
@@ -241,11 +276,11 @@ def _rms_norm_tagged_kernel(
     total = tl.zeros([], tl.float32)
     if PHASE == 0:
         publish_tagged(slot_row + part, tl.sum(x * x, axis=0), tag)
-        total = tl.sum(read_tagged(slot_row, 0, n_split, tag, SPLIT_BLOCK), axis=0)
+        total = tl.sum(read_tagged(slot_row, 0, n_split, tag, 0.0, SPLIT_BLOCK), axis=0)
     elif PHASE == 1:  # the interpreter's first launch: the slots only
         tl.store(slot_row + part, slot_bits(tl.sum(x * x, axis=0)))
     else:
-        total = tl.sum(read_plainly(slot_row, 0, n_split, SPLIT_BLOCK), axis=0)
+        total = tl.sum(read_plainly(slot_row, 0, n_split, 0.0, SPLIT_BLOCK), axis=0)
     if PHASE != 1:
         y = widen_after_wait(x_in) * tl.rsqrt(total / n_cols + eps)
         if HAS_WEIGHT:
@@ -522,6 +557,7 @@ SOFTMAX_PIPELINED = LazyKernel(_STEM, "_softmax_pipelined_kernel")
 RMS_NORM_PIPELINED = LazyKernel(_STEM, "_rms_norm_pipelined_kernel")
 LAYER_NORM_PIPELINED = LazyKernel(_STEM, "_layer_norm_pipelined_kernel")
 RMS_NORM_TAGGED = LazyKernel(_STEM, "_rms_norm_tagged_kernel")
+SOFTMAX_TAGGED = LazyKernel(_STEM, "_softmax_tagged_kernel")
 # The grouped variants' configurations: blocks of 8192 and 16384 columns at 16 or 32 elements a thread, with or without
 # the next row's block loaded during the wait, and 2 to 5 programs a multiprocessor.
 GROUPED_CONFIGS = ConfigSpace(BLOCK_N=(8192, 16384), num_warps=(8, 16), PER_SM=(2, 3, 4, 5), PREFETCH=(0, 1))
@@ -581,6 +617,29 @@ def _rms_norm_split_variant(name: str, wait: int) -> TritonImpl:
     return dataclasses.replace(package, name=name, launcher=launch, kernels=(RMS_NORM_WAIT,))
 
 
+def _softmax_tagged_variant() -> TritonImpl:
+    """``split_tagged``: the package's split_rows forward with the tagged kernel, at the same configurations."""
+    package = package_impl(kernelgate.softmax, "split_rows")
+
+    def launch_tagged(x: torch.Tensor, dim: int = -1, *, config: Any) -> torch.Tensor:
+        rows = rowwise.as_rows(x, "x")
+        y = torch.empty_like(x)
+        block = config["BLOCK_N"]
+        n_split = rowwise.split_rows_count(x.device, rows.n_cols, block)
+        split_block = triton.next_power_of_2(n_split)
+        slots, tag = tagged_slots(x.device, rows.n_rows, 2 * split_block)
+        options = rowwise.with_launch_options({"num_warps": config["num_warps"]}, config)
+        for phase in rowwise.split_rows_phases():
+            launch_kernel(
+                SOFTMAX_TAGGED, (rows.n_rows * n_split,), rows.tensor, y, slots, tag, rows.stride, rows.n_cols,
+                rows.n_cols, n_split, PHASE=phase, SPLIT_BLOCK=split_block, BLOCK_N=block,
+                EVEN_N=rows.n_cols % block == 0, **options,
+            )  # fmt: skip
+        return y
+
+    return dataclasses.replace(package, name="split_tagged", launcher=launch_tagged, kernels=(SOFTMAX_TAGGED,))
+
+
 def _rms_norm_tagged_variant() -> TritonImpl:
     """``split_tagged``: the package's split_rows forward with the tagged kernel, at the same configurations."""
     package = package_impl(kernelgate.rms_norm, "split_rows")
@@ -591,12 +650,12 @@ def _rms_norm_tagged_variant() -> TritonImpl:
         n_split = rowwise.split_rows_count(x.device, rows.n_cols, block)
         split_block = triton.next_power_of_2(n_split)
         slots, tag = tagged_slots(x.device, rows.n_rows, split_block)
+        options = rowwise.with_launch_options({"num_warps": config["num_warps"]}, config)
         for phase in rowwise.split_rows_phases():
             launch_kernel(
                 RMS_NORM_TAGGED, (rows.n_rows * n_split,), rows.tensor, w, y, slots, tag, rows.stride, rows.n_cols,
                 rows.n_cols, n_split, eps, HAS_WEIGHT=weight is not None, PHASE=phase, SPLIT_BLOCK=split_block,
-                BLOCK_N=block, EVEN_N=rows.n_cols % block == 0,
-                **rowwise.with_launch_options({"num_warps": config["num_warps"]}, config),
+                BLOCK_N=block, EVEN_N=rows.n_cols % block == 0, **options,
             )  # fmt: skip
         return y
 
@@ -701,6 +760,7 @@ def variants(op_name: str) -> list[TritonImpl]:
             package_impl(kernelgate.softmax, "split_rows"),
             _softmax_grouped_variant(),
             _softmax_grouped_variant("split_pipelined", SOFTMAX_PIPELINED),
+            _softmax_tagged_variant(),
             _softmax_split_variant("split_one_exp", WAIT_PACKAGE),
             _softmax_split_variant("split_one_exp_last", WAIT_LAST),
             _softmax_split_variant("split_one_exp_volatile", WAIT_VOLATILE),

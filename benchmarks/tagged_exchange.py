@@ -39,8 +39,8 @@ def publish_tagged(slot, value, tag):
 
 
 @triton.jit
-def read_tagged(slot_row, slot, n_split, tag, SPLIT_BLOCK: tl.constexpr):
-    """Partial value ``slot`` of each of a row's ``n_split`` programs (0 past them): each thread loads its slots
+def read_tagged(slot_row, slot, n_split, tag, other, SPLIT_BLOCK: tl.constexpr):
+    """Partial value ``slot`` of each of a row's ``n_split`` programs (``other`` past them): each thread loads its slots
     (relaxed, device scope) until their high halves hold ``tag``, so a value is read in the load that shows it
     current. Nothing is reset afterwards, so no thread waits on another's reading."""
     parts = tl.arange(0, SPLIT_BLOCK)
@@ -55,7 +55,7 @@ def read_tagged(slot_row, slot, n_split, tag, SPLIT_BLOCK: tl.constexpr):
         is_pure=False,
         pack=1,
     )
-    return tl.where(inside, tagged_value(packed), 0.0)
+    return tl.where(inside, tagged_value(packed), other)
 
 
 @triton.jit
@@ -71,11 +71,11 @@ def tagged_value(packed):
 
 
 @triton.jit
-def read_plainly(slot_row, slot, n_split, SPLIT_BLOCK: tl.constexpr):
+def read_plainly(slot_row, slot, n_split, other, SPLIT_BLOCK: tl.constexpr):
     """:func:`read_tagged` without the wait, for the interpreter's second launch (every slot stored before it)."""
     parts = tl.arange(0, SPLIT_BLOCK)
     inside = parts < n_split
-    return tl.where(inside, tagged_value(tl.load(slot_row + slot * SPLIT_BLOCK + parts, mask=inside, other=0)), 0.0)
+    return tl.where(inside, tagged_value(tl.load(slot_row + slot * SPLIT_BLOCK + parts, mask=inside, other=0)), other)
 
 
 _SLOTS: dict[tuple[torch.device, int, int], torch.Tensor] = {}

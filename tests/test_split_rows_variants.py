@@ -29,7 +29,7 @@ def test_every_variant_matches_the_reference_interpreted(variants_script: Module
     assert [(c["op"], c["shape"]) for c in result["cases"]] == [("softmax", [2, 20000]), ("rms_norm", [2, 20000])]
     softmax, rms_norm = ({r["variant"] for r in c["results"]} for c in result["cases"])
     assert softmax == {
-        "split_rows", "split_grouped", "split_pipelined", "split_one_exp", "split_one_exp_last",
+        "split_rows", "split_grouped", "split_pipelined", "split_tagged", "split_one_exp", "split_one_exp_last",
         "split_one_exp_volatile", "looped", "single_block", "single_block_reciprocal", "persistent",
         "persistent_reciprocal",
     }  # fmt: skip
@@ -94,17 +94,21 @@ def test_the_pipelined_forwards_copy_their_blocks_ahead_for_sm90(
     assert copied and all("!tt.ptr<bf16>" in line for line in copied), copied
 
 
-def test_the_tagged_forward_exchanges_without_atomics_for_sm90(variants_script: ModuleType, triton_cache: Path) -> None:
-    """Compiled for sm_90 (a compile-only driver where there is no GPU), rms_norm's split_tagged forward exchanges
-    the row's sum by a relaxed 64-bit store and a polling load, with no atomic; two launches, so two tags, make one
-    kernel."""
+@pytest.mark.parametrize(("op_name", "exchanged"), [("softmax", 2), ("rms_norm", 1)])
+def test_the_tagged_forwards_exchange_without_atomics_for_sm90(
+    variants_script: ModuleType, triton_cache: Path, op_name: str, exchanged: int
+) -> None:
+    """Compiled for sm_90 (a compile-only driver where there is no GPU), the split_tagged forwards exchange a row's
+    partials (softmax's max and sum, rms_norm's sum) by relaxed 64-bit stores and polling loads, with no atomic;
+    two launches, so two tags, make one kernel."""
     import torch
 
     from kernelgate.launch import call_state
     from kernelgate.selection import run_candidate
 
-    impl = next(i for i in variants_script.variants("rms_norm") if i.name == "split_tagged")
-    values = (torch.randn(4, 40000).bfloat16(), torch.rand(40000).bfloat16() + 0.5, 1e-6)
+    impl = next(i for i in variants_script.variants(op_name) if i.name == "split_tagged")
+    x = torch.randn(4, 40000).bfloat16()
+    values = (x, -1) if op_name == "softmax" else (x, torch.rand(40000).bfloat16() + 0.5, 1e-6)
     for _ in range(2):
         call_state.collect = []
         try:
@@ -114,5 +118,6 @@ def test_the_tagged_forward_exchanges_without_atomics_for_sm90(variants_script: 
     ptx = [p for p in triton_cache.rglob("*.ptx") if "tagged" in p.name]
     assert len(ptx) == 1, ptx
     text = ptx[0].read_text()
-    assert text.count("st.relaxed.gpu.global.b64") == 1 and text.count("ld.relaxed.gpu.global.b64") == 1
+    assert text.count("st.relaxed.gpu.global.b64") == exchanged
+    assert text.count("ld.relaxed.gpu.global.b64") == exchanged
     assert "atom." not in text

@@ -9,10 +9,10 @@ median, compiled ahead in worker processes). Bytes a call: x and dy read, dx wri
 too), the weight read once (layer_norm's bias not counted); fractions are of a device-to-device copy measured in
 the same run. Writes JSON with provenance.
 
-Beside the package's three, rms_norm's and add_rms_norm's backwards run a variant, ``split_rows_tagged``: the
-package's split_rows_pipelined kernel with a row's two sums exchanged through slots that carry the launch's tag
-beside each value (one 64-bit store a value, read until every tag of the row is current) instead of partials and
-an arrival count. The count costs a release a row, which waits until the program's earlier stores (the previous
+Beside the package's three, each backward runs a variant, ``split_rows_tagged``: the package's split_rows_pipelined
+kernel with a row's sums (layer_norm's four partials) exchanged through slots that carry the launch's tag beside
+each value (one 64-bit store a value, read until every tag of the row is current) instead of partials and an
+arrival count. The count costs a release a row, which waits until the program's earlier stores (the previous
 row's dx) are acknowledged, then an atomic's round trip, then an atomic to leave; in bfloat16 the split_rows
 backwards take 1.3 times the single-block kernel's time at rows of 16384 on an H100 (215 against 161 us,
 ``results/h100/default-1d9eadd``), and the exchange, paid every row, is what the variant cuts. (A variant that put
@@ -48,6 +48,7 @@ import kernelgate
 from kernelgate import rowwise
 from kernelgate.launch import LazyKernel, launch
 from kernelgate.op import Op, TritonImpl
+from kernelgate.ops.layer_norm.kernels import _block_stats, layer_norm_write_dx
 from kernelgate.ops.rms_norm.kernels import rms_norm_write_dx
 from kernelgate.ops.split_rows import load_block_pair, row_group_block
 from kernelgate.ops.tiles import load_tile, store_tile
@@ -100,8 +101,66 @@ def _rms_norm_bwd_tagged_kernel(
         store_tile(dw_ptr + group * n_cols + cols, dw, mask, EVEN_N, "")
 
 
+@triton.jit
+def _layer_norm_bwd_tagged_kernel(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, db_ptr, slot_ptr, tag, stride_dym, stride_xm, stride_dxm, n_cols, n_split,
+    n_rows, eps, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, PHASE: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """The package's ``_layer_norm_bwd_split_rows_pipelined_kernel`` (same grid and results) with the row's four
+    partials a program exchanged through tagged slots (slot_ptr: (n_rows, 4 * SPLIT_BLOCK) int64), as the rms norms'
+    tagged kernel exchanges its two."""
+    part, group, groups, cols, mask = row_group_block(n_split, n_cols, BLOCK_N)
+    count = tl.minimum(n_cols - part * BLOCK_N, BLOCK_N).to(tl.float32)
+    parts = tl.arange(0, SPLIT_BLOCK)
+    counts = tl.minimum(tl.maximum(n_cols - parts * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], tl.float32)
+    db = tl.zeros([BLOCK_N], tl.float32)
+    for row in tl.range(group, n_rows, groups, num_stages=1 + 2 * PREFETCH):
+        x_in, dy_in = load_block_pair(x_ptr, dy_ptr, row, stride_xm, stride_dym, cols, mask, EVEN_N)
+        k = tl.load(x_ptr + row * stride_xm).to(tl.float32)
+        slot_row = slot_ptr + row * (4 * SPLIT_BLOCK)
+        g = dy_in.to(tl.float32)
+        if HAS_WEIGHT:
+            g = g * load_tile(w_ptr + cols, mask, 0.0, EVEN_N, "").to(tl.float32)
+        if PHASE == 0:
+            x = x_in.to(tl.float32)
+            mean_part, m2_part = _block_stats(x, mask, k, count, EVEN_N)
+            publish_tagged(slot_row + part, mean_part, tag)
+            publish_tagged(slot_row + SPLIT_BLOCK + part, m2_part, tag)
+            publish_tagged(slot_row + 2 * SPLIT_BLOCK + part, tl.sum(g, axis=0), tag)
+            publish_tagged(slot_row + 3 * SPLIT_BLOCK + part, tl.sum(g * ((x - k) - mean_part), axis=0), tag)
+            means = read_tagged(slot_row, 0, n_split, tag, 0.0, SPLIT_BLOCK)
+            m2s = read_tagged(slot_row, 1, n_split, tag, 0.0, SPLIT_BLOCK)
+            g_sums = read_tagged(slot_row, 2, n_split, tag, 0.0, SPLIT_BLOCK)
+            g_devs = read_tagged(slot_row, 3, n_split, tag, 0.0, SPLIT_BLOCK)
+        elif PHASE == 1:  # the interpreter's first launch: the slots only
+            x = x_in.to(tl.float32)
+            mean_part, m2_part = _block_stats(x, mask, k, count, EVEN_N)
+            tl.store(slot_row + part, slot_bits(mean_part))
+            tl.store(slot_row + SPLIT_BLOCK + part, slot_bits(m2_part))
+            tl.store(slot_row + 2 * SPLIT_BLOCK + part, slot_bits(tl.sum(g, axis=0)))
+            tl.store(slot_row + 3 * SPLIT_BLOCK + part, slot_bits(tl.sum(g * ((x - k) - mean_part), axis=0)))
+        else:
+            means = read_plainly(slot_row, 0, n_split, 0.0, SPLIT_BLOCK)
+            m2s = read_plainly(slot_row, 1, n_split, 0.0, SPLIT_BLOCK)
+            g_sums = read_plainly(slot_row, 2, n_split, 0.0, SPLIT_BLOCK)
+            g_devs = read_plainly(slot_row, 3, n_split, 0.0, SPLIT_BLOCK)
+        if PHASE != 1:
+            dw, db = layer_norm_write_dx(
+                x_in, dy_in, k, means, m2s, g_sums, g_devs, counts, w_ptr, dx_ptr, dw, db, row, stride_dxm, cols, mask,
+                n_cols, eps, HAS_WEIGHT, HAS_BIAS, EVEN_N,
+            )  # fmt: skip
+    if PHASE != 1:
+        if HAS_WEIGHT:
+            store_tile(dw_ptr + group * n_cols + cols, dw, mask, EVEN_N, "")
+        if HAS_BIAS:
+            store_tile(db_ptr + group * n_cols + cols, db, mask, EVEN_N, "")
+
+
 # By the module's importable name (not "__main__" when it runs as a script): the compile workers import it by name.
 TAGGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_tagged_kernel")
+LAYER_NORM_TAGGED = LazyKernel(Path(__file__).stem, "_layer_norm_bwd_tagged_kernel")
 
 
 def run_backward_tagged(
@@ -135,19 +194,53 @@ def run_backward_tagged(
     return dx, rowwise.sum_partials(partial[None], [w])[0]
 
 
+def run_layer_norm_backward_tagged(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    config: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The package's layer_norm ``run_backward_split_rows`` with the tagged kernel, its slots and tag in place of the
+    partials and counts."""
+    x_rows, g_rows, w = layer_norm_module._backward_operands(grad, x, normalized_shape, weight, bias)
+    n_rows, n_cols, block = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"]
+    groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
+    n_split = rowwise.split_rows_count(x.device, n_cols, block)
+    split_block = triton.next_power_of_2(n_split)
+    slots, tag = tagged_slots(x.device, n_rows, 4 * split_block)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    sums = int(w is not None) + int(bias is not None)
+    partial = torch.empty((sums, groups, n_cols) if sums else (1, 1, 1), dtype=torch.float32, device=x.device)
+    for phase in rowwise.split_rows_phases():
+        launch(
+            LAYER_NORM_TAGGED, (groups * n_split,), g_rows.tensor, x_rows.tensor, x_rows.tensor if w is None else w,
+            dx, partial[0], partial[sums - 1], slots, tag, g_rows.stride, x_rows.stride, n_cols, n_cols, n_split,
+            n_rows, float(eps), HAS_WEIGHT=w is not None, HAS_BIAS=bias is not None, PHASE=phase,
+            SPLIT_BLOCK=split_block, BLOCK_N=block, PREFETCH=bool(config["PREFETCH"]), EVEN_N=n_cols % block == 0,
+            num_warps=config["num_warps"],
+        )  # fmt: skip
+    return (dx, *layer_norm_module._affine_grads(partial, sums, x, weight, bias))
+
+
 def tagged_variant(op: Op) -> TritonImpl:
-    """``op``'s split_rows_pipelined implementation (rms_norm's or add_rms_norm's backward) with the tagged kernel in
-    place of the package's, at the same configurations."""
+    """``op``'s split_rows_pipelined implementation (a norm's backward) with the tagged kernel in place of the
+    package's, at the same configurations."""
     pipelined = package_impl(op, "split_rows_pipelined")
 
     def launch_tagged(*args: Any, config: Any) -> Any:
+        if op.name == "layer_norm_backward":  # (grad, x, normalized_shape, weight, bias, eps)
+            return run_layer_norm_backward_tagged(*args, config)
         if op.name == "add_rms_norm_backward":  # (grad, grad_s, s, weight, eps)
             return run_backward_tagged(*args, config)
         grad, x, weight, eps = args
         return run_backward_tagged(grad, None, x, weight, eps, config)
 
+    kernel = LAYER_NORM_TAGGED if op.name == "layer_norm_backward" else TAGGED
     return dataclasses.replace(
-        pipelined, name="split_rows_tagged", launcher=launch_tagged, kernels=(TAGGED, rowwise.PARTIAL_SUMS)
+        pipelined, name="split_rows_tagged", launcher=launch_tagged, kernels=(kernel, rowwise.PARTIAL_SUMS)
     )
 
 
@@ -160,9 +253,7 @@ def measure_case(
     values = tuple(op.make_inputs((rows, n), dtype, device))
     tensors_read = 3 if op.name == "add_rms_norm_backward" else 2  # grad, (grad_s), x
     nbytes = ((tensors_read + 1) * rows * n + n) * dtype.itemsize
-    impls = [impl for impl in op.implementations if impl.name in IMPLEMENTATIONS]
-    if op.name != "layer_norm_backward":
-        impls.append(tagged_variant(op))
+    impls = [*(impl for impl in op.implementations if impl.name in IMPLEMENTATIONS), tagged_variant(op)]
     return check_and_time(op, impls, values, op.reduction_length(*values), nbytes, interpret, record_errors=True)
 
 

@@ -14,8 +14,8 @@ def test_every_configuration_is_checked_interpreted(
     benchmark_script: Callable[[str], ModuleType], tmp_path: Path
 ) -> None:
     """Interpreted, at 3 rows of 9000 in bfloat16 (past SPLIT_MIN_COLS, a ragged last block), every configuration of
-    split, split_rows and split_rows_pipelined of each norm backward and of the
-    rms norms' tagged variant runs and matches the reference; the JSON has provenance and no timing."""
+    split, split_rows, split_rows_pipelined and the tagged variant of each norm backward runs and matches the
+    reference; the JSON has provenance and no timing."""
     pytest.importorskip("triton")
     script = benchmark_script("norm_backward_split_rows")
     out = tmp_path / "split-rows.json"
@@ -29,8 +29,7 @@ def test_every_configuration_is_checked_interpreted(
     for case in result["cases"]:
         assert case["shape"] == [3, 9000]
         variants = {r["variant"] for r in case["results"]}
-        tagged = set() if case["op"] == "layer_norm_backward" else {"split_rows_tagged"}
-        assert variants == {"split", "split_rows", "split_rows_pipelined"} | tagged
+        assert variants == {"split", "split_rows", "split_rows_pipelined", "split_rows_tagged"}
         assert all(r["matches_reference"] and "time_us" not in r for r in case["results"]), case["op"]
 
 
@@ -38,7 +37,6 @@ VARIANTS = [
     (op_name, variant)
     for op_name in ("rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward")
     for variant in ("split_rows_tagged", "split_rows_pipelined")
-    if variant == "split_rows_pipelined" or op_name != "layer_norm_backward"
 ]
 
 
@@ -47,7 +45,7 @@ VARIANTS = [
 def test_the_variants_match_the_reference_over_several_groups(
     benchmark_script: Callable[[str], ModuleType], op_name: str, prefetch: int, variant: str
 ) -> None:
-    """The rms norms' tagged variant (the row's sums exchanged through slots tagged by the launch) and the package's
+    """The tagged variants (the row's partials exchanged through slots tagged by the launch) and the package's
     pipelined split_rows of each norm (the row loop in tl.range stages) give the reference's gradients, interpreted,
     where 7 rows of 3000 fall into 2 groups of 3 programs (4 and 3 rows), with and without PREFETCH."""
     pytest.importorskip("triton")
@@ -69,13 +67,14 @@ def test_the_variants_match_the_reference_over_several_groups(
     assert compare(got, expected, op.reduction_length(*values), normwise=op.normwise_outputs) is None
 
 
+@pytest.mark.parametrize(("op_name", "exchanged"), [("rms_norm_backward", 2), ("layer_norm_backward", 4)])
 def test_the_tagged_variant_compiles_for_sm90_without_atomics(
-    benchmark_script: Callable[[str], ModuleType], triton_cache: Path
+    benchmark_script: Callable[[str], ModuleType], triton_cache: Path, op_name: str, exchanged: int
 ) -> None:
-    """The tagged kernel goes through Triton's compiler for sm_90 (a compile-only driver where there is no GPU) at
-    bfloat16 rows of 16448 (a ragged last block), with PREFETCH (three stages): its loop copies the blocks ahead, and
-    the exchange is two relaxed 64-bit stores and two polling loads, with no atomic and no count. Two launches, so two
-    tags, make one kernel (a tag never selects another specialisation)."""
+    """The tagged kernels go through Triton's compiler for sm_90 (a compile-only driver where there is no GPU) at
+    bfloat16 rows of 16448 (a ragged last block), with PREFETCH (three stages): the loop copies the blocks ahead, and
+    the exchange is a relaxed 64-bit store and a polling load a partial (rms_norm's two, layer_norm's four), with no
+    atomic and no count. Two launches, so two tags, make one kernel (a tag never selects another specialisation)."""
     import torch
 
     import kernelgate
@@ -83,7 +82,7 @@ def test_the_tagged_variant_compiles_for_sm90_without_atomics(
     from kernelgate.selection import run_candidate
 
     script = benchmark_script("norm_backward_split_rows")
-    op = kernelgate.rms_norm_backward
+    op = kernelgate.get_op(op_name)
     assert op.make_inputs is not None
     values = tuple(op.make_inputs((2, 16448), torch.bfloat16, torch.device("cpu")))
     config = {"BLOCK_N": 4096, "num_warps": 8, "PER_SM": 2, "PREFETCH": 1}
@@ -97,5 +96,6 @@ def test_the_tagged_variant_compiles_for_sm90_without_atomics(
     assert len(ptx) == 1, ptx
     text = ptx[0].read_text()
     assert "cp.async" in text
-    assert text.count("st.relaxed.gpu.global.b64") == 2 and text.count("ld.relaxed.gpu.global.b64") == 2
+    assert text.count("st.relaxed.gpu.global.b64") == exchanged
+    assert text.count("ld.relaxed.gpu.global.b64") == exchanged
     assert "atom." not in text

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from tagged_exchange import publish_tagged, read_plainly, read_tagged, slot_bits, tagged_slots  # beside this script
+from tagged_exchange import publish_tagged, read_plainly, read_tagged, slot_bits, tagged_split  # beside this script
 from variant_timing import argument_parser, check_and_time, package_impl, run_cases
 
 import kernelgate
@@ -176,9 +176,7 @@ def run_backward_tagged(
     x_rows, g_rows, ds_rows, w = rms_norm_module._backward_operands(grad, grad_s, x, weight)
     n_rows, n_cols, block = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"]
     groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
-    n_split = rowwise.split_rows_count(x.device, n_cols, block)
-    split_block = triton.next_power_of_2(n_split)
-    slots, tag = tagged_slots(x.device, n_rows, 2 * split_block)
+    n_split, split_block, slots, tag = tagged_split(x.device, n_rows, n_cols, block, 2)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     partial = torch.empty((groups, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
     for phase in rowwise.split_rows_phases():
@@ -208,9 +206,7 @@ def run_layer_norm_backward_tagged(
     x_rows, g_rows, w = layer_norm_module._backward_operands(grad, x, normalized_shape, weight, bias)
     n_rows, n_cols, block = x_rows.n_rows, x_rows.n_cols, config["BLOCK_N"]
     groups = rowwise.split_rows_groups(x.device, n_rows, n_cols, block, config["PER_SM"])
-    n_split = rowwise.split_rows_count(x.device, n_cols, block)
-    split_block = triton.next_power_of_2(n_split)
-    slots, tag = tagged_slots(x.device, n_rows, 4 * split_block)
+    n_split, split_block, slots, tag = tagged_split(x.device, n_rows, n_cols, block, 4)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     sums = int(w is not None) + int(bias is not None)
     partial = torch.empty((sums, groups, n_cols) if sums else (1, 1, 1), dtype=torch.float32, device=x.device)

@@ -98,7 +98,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from tagged_exchange import publish_tagged, read_plainly, read_tagged, slot_bits, tagged_slots  # beside this script
+from tagged_exchange import publish_tagged, read_plainly, read_tagged, slot_bits, tagged_split  # beside this script
 from variant_timing import argument_parser, check_and_time, package_impl, run_cases
 
 import kernelgate
@@ -625,9 +625,7 @@ def _softmax_tagged_variant() -> TritonImpl:
         rows = rowwise.as_rows(x, "x")
         y = torch.empty_like(x)
         block = config["BLOCK_N"]
-        n_split = rowwise.split_rows_count(x.device, rows.n_cols, block)
-        split_block = triton.next_power_of_2(n_split)
-        slots, tag = tagged_slots(x.device, rows.n_rows, 2 * split_block)
+        n_split, split_block, slots, tag = tagged_split(x.device, rows.n_rows, rows.n_cols, block, 2)
         options = rowwise.with_launch_options({"num_warps": config["num_warps"]}, config)
         for phase in rowwise.split_rows_phases():
             launch_kernel(
@@ -647,9 +645,7 @@ def _rms_norm_tagged_variant() -> TritonImpl:
     def launch_tagged(x: torch.Tensor, weight: torch.Tensor | None, eps: float = EPS, *, config: Any) -> torch.Tensor:
         rows, w, y = rms_norm_module._forward_operands(x, weight)
         block = config["BLOCK_N"]
-        n_split = rowwise.split_rows_count(x.device, rows.n_cols, block)
-        split_block = triton.next_power_of_2(n_split)
-        slots, tag = tagged_slots(x.device, rows.n_rows, split_block)
+        n_split, split_block, slots, tag = tagged_split(x.device, rows.n_rows, rows.n_cols, block, 1)
         options = rowwise.with_launch_options({"num_warps": config["num_warps"]}, config)
         for phase in rowwise.split_rows_phases():
             launch_kernel(

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelgate import rowwise
+
 
 @triton.jit
 def publish_tagged(slot, value, tag):
@@ -93,3 +95,14 @@ def tagged_slots(device: torch.device, n_rows: int, width: int) -> tuple[torch.T
     tag = _NEXT_TAG[0]
     _NEXT_TAG[0] += 2
     return _SLOTS[key], tag
+
+
+def tagged_split(
+    device: torch.device, n_rows: int, n_cols: int, block: int, values: int
+) -> tuple[int, int, torch.Tensor, int]:
+    """A tagged launch's programs a row (``rowwise.split_rows_count``), SPLIT_BLOCK (that count rounded up to a power
+    of two), its slots (``values`` partials a program) and its tag."""
+    n_split = rowwise.split_rows_count(device, n_cols, block)
+    split_block = triton.next_power_of_2(n_split)
+    slots, tag = tagged_slots(device, n_rows, values * split_block)
+    return n_split, split_block, slots, tag

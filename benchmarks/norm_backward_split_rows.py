@@ -13,9 +13,10 @@ Beside the package's three, each backward runs a variant, ``split_rows_tagged``:
 kernel with a row's sums (layer_norm's four partials) exchanged through slots that carry the launch's tag beside
 each value (one 64-bit store a value, read until every tag of the row is current) instead of partials and an
 arrival count. The count costs a release a row, which waits until the program's earlier stores (the previous
-row's dx) are acknowledged, then an atomic's round trip, then an atomic to leave; in bfloat16 the split_rows
-backwards take 1.3 times the single-block kernel's time at rows of 16384 on an H100 (215 against 161 us,
-``results/h100/default-1d9eadd``), and the exchange, paid every row, is what the variant cuts. (A variant that put
+row's dx) are acknowledged, then an atomic's round trip, then an atomic to leave. At rms_norm's bfloat16
+4096x16384 its split_rows backward took 1.3 times the single-block kernel's time for the same bytes (216.0 against
+161.3 us, both timed by tuning in the H100 suite at 1d9eadd: ``results/h100/default-1d9eadd/decisions.json.gz``),
+and the exchange, paid every row, is what the variant cuts. (A variant that put
 each row's wait off by a row, ``split_rows_lagged``, was 0.95 to 1.06 times the package kernel's time:
 ``results/h100/norm-backward-split-rows-lagged-8d8bed0``.)
 
@@ -159,11 +160,11 @@ def _layer_norm_bwd_tagged_kernel(
 
 
 # By the module's importable name (not "__main__" when it runs as a script): the compile workers import it by name.
-TAGGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_tagged_kernel")
+RMS_NORM_TAGGED = LazyKernel(Path(__file__).stem, "_rms_norm_bwd_tagged_kernel")
 LAYER_NORM_TAGGED = LazyKernel(Path(__file__).stem, "_layer_norm_bwd_tagged_kernel")
 
 
-def run_backward_tagged(
+def run_rms_norm_backward_tagged(
     grad: torch.Tensor,
     grad_s: torch.Tensor | None,
     x: torch.Tensor,
@@ -181,7 +182,7 @@ def run_backward_tagged(
     partial = torch.empty((groups, n_cols) if w is not None else (1,), dtype=torch.float32, device=x.device)
     for phase in rowwise.split_rows_phases():
         launch(
-            TAGGED, (groups * n_split,), g_rows.tensor, ds_rows.tensor, x_rows.tensor,
+            RMS_NORM_TAGGED, (groups * n_split,), g_rows.tensor, ds_rows.tensor, x_rows.tensor,
             x_rows.tensor if w is None else w, dx, partial, slots, tag, g_rows.stride, ds_rows.stride, x_rows.stride,
             n_cols, n_cols, n_split, n_rows, eps, HAS_DS=grad_s is not None, HAS_WEIGHT=w is not None, PHASE=phase,
             SPLIT_BLOCK=split_block, BLOCK_N=block, PREFETCH=bool(config["PREFETCH"]), EVEN_N=n_cols % block == 0,
@@ -230,11 +231,11 @@ def tagged_variant(op: Op) -> TritonImpl:
         if op.name == "layer_norm_backward":  # (grad, x, normalized_shape, weight, bias, eps)
             return run_layer_norm_backward_tagged(*args, config)
         if op.name == "add_rms_norm_backward":  # (grad, grad_s, s, weight, eps)
-            return run_backward_tagged(*args, config)
+            return run_rms_norm_backward_tagged(*args, config)
         grad, x, weight, eps = args
-        return run_backward_tagged(grad, None, x, weight, eps, config)
+        return run_rms_norm_backward_tagged(grad, None, x, weight, eps, config)
 
-    kernel = LAYER_NORM_TAGGED if op.name == "layer_norm_backward" else TAGGED
+    kernel = LAYER_NORM_TAGGED if op.name == "layer_norm_backward" else RMS_NORM_TAGGED
     return dataclasses.replace(
         pipelined, name="split_rows_tagged", launcher=launch_tagged, kernels=(kernel, rowwise.PARTIAL_SUMS)
     )

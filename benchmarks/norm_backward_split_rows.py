@@ -25,6 +25,10 @@ Triton (2-byte rows, NVIDIA GPUs): it began here as the rms norms' variant ``spl
 and could hang as first written and, fixed, was faster than split_rows at most bfloat16 shapes on an H100
 (``results/h100/norm-backward-split-rows-staged-1d9eadd``); layer_norm's began here as ``layer_norm_pipelined``.
 
+``--per-sm K`` adds the pipelined and tagged kernels at blocks of 2048 with K programs a multiprocessor (tuning
+takes 4 there; compiled for sm_90 the rms norms' take 80 registers a thread, room for 6), named ``<name>_K``: more
+programs in flight a multiprocessor hide more of the exchange's wait. ``--op`` keeps the backwards named.
+
     python benchmarks/norm_backward_split_rows.py --out split-rows.json
     python benchmarks/norm_backward_split_rows.py --interpret --rows 5 --lengths 9000 --out check.json
 """
@@ -47,6 +51,7 @@ from variant_timing import argument_parser, check_and_time, package_impl, run_ca
 
 import kernelgate
 from kernelgate import rowwise
+from kernelgate.config import Config, ConfigSpace
 from kernelgate.launch import LazyKernel, launch
 from kernelgate.op import Op, TritonImpl
 from kernelgate.ops.layer_norm.kernels import _block_stats, layer_norm_write_dx
@@ -58,6 +63,7 @@ rms_norm_module = importlib.import_module("kernelgate.ops.rms_norm")
 layer_norm_module = importlib.import_module("kernelgate.ops.layer_norm")
 
 DEFAULT_LENGTHS = (16384, 32768, 65536, 131072)
+BACKWARDS = (kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward)
 IMPLEMENTATIONS = ("split", "split_rows", "split_rows_pipelined")
 
 
@@ -241,23 +247,46 @@ def tagged_variant(op: Op) -> TritonImpl:
     )
 
 
+def crowded_variant(impl: TritonImpl, per_sm: int) -> TritonImpl:
+    """``impl`` (a pipelined split_rows backward) at blocks of 2048 only, with ``per_sm`` programs a multiprocessor
+    where tuning takes 4: named ``<name>_<per_sm>``. Compiled for sm_90 the rms norms' pipelined kernels take 79 to
+    80 registers a thread there, room for 6 programs of 4 warps a multiprocessor
+    (``results/compile-sm90/tagged-exchange-registers.txt``); a row's exchange is paid every row, and more programs
+    in flight a multiprocessor hide more of its wait."""
+
+    def prune(config: Config, *args: Any) -> bool:
+        return impl.prune(dict(config, PER_SM=4), *args)
+
+    configs = ConfigSpace(**{**impl.configs.params, "BLOCK_N": (2048,), "PER_SM": (per_sm,)})
+    default = {"BLOCK_N": 2048, "num_warps": 4, "PER_SM": per_sm, "PREFETCH": 1}
+    return dataclasses.replace(impl, name=f"{impl.name}_{per_sm}", configs=configs, prune=prune, default_config=default)
+
+
 def measure_case(
-    op: Op, dtype: torch.dtype, rows: int, n: int, device: torch.device, interpret: bool
+    op: Op, dtype: torch.dtype, rows: int, n: int, device: torch.device, interpret: bool, per_sm: Sequence[int] = ()
 ) -> list[dict[str, Any]]:
-    """Check, then (on a GPU) time, every configuration of ``op``'s long-row backwards at a ``rows`` x ``n`` input."""
+    """Check, then (on a GPU) time, every configuration of ``op``'s long-row backwards at a ``rows`` x ``n`` input
+    (with ``per_sm``, the pipelined and tagged kernels at that many programs a multiprocessor too)."""
     assert op.make_inputs is not None
     torch.manual_seed(0)
     values = tuple(op.make_inputs((rows, n), dtype, device))
     tensors_read = 3 if op.name == "add_rms_norm_backward" else 2  # grad, (grad_s), x
     nbytes = ((tensors_read + 1) * rows * n + n) * dtype.itemsize
     impls = [*(impl for impl in op.implementations if impl.name in IMPLEMENTATIONS), tagged_variant(op)]
+    impls += [crowded_variant(impl, k) for k in per_sm for impl in impls if impl.name.startswith("split_rows_")]
     return check_and_time(op, impls, values, op.reduction_length(*values), nbytes, interpret, record_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = argument_parser(__doc__, DEFAULT_LENGTHS).parse_args(argv)
-    ops = (kernelgate.rms_norm_backward, kernelgate.add_rms_norm_backward, kernelgate.layer_norm_backward)
-    groups = [({"op": op.name}, functools.partial(measure_case, op)) for op in ops]
+    parser = argument_parser(__doc__, DEFAULT_LENGTHS)
+    parser.add_argument("--op", action="append", choices=[op.name for op in BACKWARDS], help="default: all three")
+    parser.add_argument(
+        "--per-sm", type=int, action="append", default=[],
+        help="also time the pipelined and tagged kernels at blocks of 2048 with this many programs a multiprocessor",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    ops = [op for op in BACKWARDS if not args.op or op.name in args.op]
+    groups = [({"op": op.name}, functools.partial(measure_case, op, per_sm=args.per_sm)) for op in ops]
     return run_cases(args, Path(__file__).name, groups)
 
 

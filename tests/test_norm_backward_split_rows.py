@@ -33,6 +33,25 @@ def test_every_configuration_is_checked_interpreted(
         assert all(r["matches_reference"] and "time_us" not in r for r in case["results"]), case["op"]
 
 
+def test_per_sm_adds_crowded_pipelined_and_tagged_kernels_at_blocks_of_2048(
+    benchmark_script: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
+    """``--per-sm 6`` adds the pipelined and tagged kernels at blocks of 2048 / 4 warps with 6 programs a
+    multiprocessor (tuning's space has 4 there): one configuration each, which matches the reference interpreted;
+    ``--op`` keeps one backward."""
+    pytest.importorskip("triton")
+    script = benchmark_script("norm_backward_split_rows")
+    out = tmp_path / "crowded.json"
+    args = ["--interpret", "--rows", "3", "--lengths", "9000", "--dtype", "bfloat16", "--out", str(out)]
+    assert script.main([*args, "--op", "rms_norm_backward", "--per-sm", "6"]) == 0
+    (case,) = json.loads(out.read_text())["cases"]
+    crowded = [r for r in case["results"] if r["variant"].endswith("_6")]
+    assert sorted(r["variant"] for r in crowded) == ["split_rows_pipelined_6", "split_rows_tagged_6"]
+    for r in crowded:
+        assert r["config"] == {"BLOCK_N": 2048, "PER_SM": 6, "PREFETCH": 1, "num_warps": 4}
+        assert r["matches_reference"], r
+
+
 VARIANTS = [
     (op_name, variant)
     for op_name in ("rms_norm_backward", "add_rms_norm_backward", "layer_norm_backward")
